@@ -1,0 +1,269 @@
+"""Multi-head attention in PyTorch: the same ideas as `mha.numpy`, as trainable modules.
+
+Same conventions as `mha.numpy`: inputs (..., T, d), boolean masks with True =
+"may attend" broadcasting to (..., h, T_q, T_k), a query with nothing to attend
+to gets zero weights. Nothing here names a device: every tensor is made on the
+device and with the dtype of the input, so the modules run on CPU, GPU or `meta`.
+
+`nn.Linear` stores its weight as (d_out, d_in) and computes x @ weight.T; the
+NumPy face uses W of shape (d_in, d_out). `numpy_params()` converts.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mha import validate
+
+
+def check_tensor(name, x, width=None, input_name=None):
+    """`x` must be a floating tensor of shape (..., T, d), with d == width if given."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    validate.check_sequence(name, x)
+    if width is not None and x.shape[-1] != width:
+        raise ValueError(
+            f"{name} has shape {validate.shape_str(x.shape)}, so width {x.shape[-1]}, "
+            f"but {input_name or 'the module'} expects width {width}"
+        )
+
+
+def check_mask_tensor(mask, scores_shape):
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a torch.Tensor of booleans, got {type(mask).__name__}")
+    validate.check_mask(mask.shape, mask.dtype == torch.bool, scores_shape, mask.dtype)
+
+
+def masked_softmax(scores, mask=None):
+    """Softmax over the last axis where `mask` is True; an empty row gives zeros."""
+    if mask is None:
+        return scores.softmax(dim=-1)
+    has_any = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+    keep = mask | ~has_any  # an empty row keeps everything, then is zeroed below
+    weights = scores.masked_fill(~keep, float("-inf")).softmax(dim=-1)
+    return weights * has_any
+
+
+def scaled_dot_product_attention(Q, K, V, mask=None, dropout=0.0):
+    """The explicit form: softmax(Q K^T / sqrt(d_k)) V, returning (out, weights).
+
+    Q: (..., T_q, d_k), K: (..., T_k, d_k), V: (..., T_k, d_v).
+    Returns out (..., T_q, d_v) and weights (..., T_q, T_k) (before dropout).
+    """
+    for name, a in (("Q", Q), ("K", K), ("V", V)):
+        check_tensor(name, a)
+    validate.check_same("Q.shape[-1]", Q.shape[-1], "K.shape[-1]", K.shape[-1], "query and key widths")
+    validate.check_same("K.shape[-2]", K.shape[-2], "V.shape[-2]", V.shape[-2], "numbers of keys and values")
+    batch = validate.broadcast_batch("Q", Q.shape[:-2], "K", K.shape[:-2])
+    validate.broadcast_batch("K and Q", batch, "V", V.shape[:-2])
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., T_q, T_k)
+    if mask is not None:
+        check_mask_tensor(mask, scores.shape)
+    weights = masked_softmax(scores, mask)
+    return F.dropout(weights, dropout) @ V, weights
+
+
+def split_heads(x, n_heads):
+    """(..., T, d) -> (..., h, T, d // h), a view: no copy."""
+    validate.check_ndim("x", x, 2)
+    validate.check_divisible(x.shape[-1], n_heads)
+    *batch, T, d = x.shape
+    x = x.view(*batch, T, n_heads, d // n_heads)  # (..., T, h, d_head)
+    return x.transpose(-3, -2)  # (..., h, T, d_head)
+
+
+def merge_heads(x):
+    """(..., h, T, d_head) -> (..., T, h * d_head): the inverse of `split_heads`."""
+    validate.check_ndim("x", x, 3)
+    *batch, h, T, d_head = x.shape
+    x = x.transpose(-3, -2)  # (..., T, h, d_head)
+    return x.reshape(*batch, T, h * d_head)  # (..., T, h * d_head)
+
+
+def causal_mask(T, device=None):
+    """(T, T) boolean: query t may attend to keys 0..t."""
+    T = validate.check_int("T", T)
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+
+
+def padding_mask(lengths, T):
+    """(B, 1, 1, T) boolean: True at the real keys of each sequence, on lengths' device."""
+    T = validate.check_int("T", T)
+    lengths = torch.as_tensor(lengths)
+    is_integer = not lengths.is_floating_point() and lengths.dtype != torch.bool and not lengths.is_complex()
+    validate.check_lengths(lengths, is_integer, T)
+    real = torch.arange(T, device=lengths.device) < lengths[:, None]  # (B, T)
+    return real[:, None, None, :]  # (B, 1, 1, T)
+
+
+def linear_weight(layer):
+    """An nn.Linear's weight in the row-vector convention, (d_in, d_out), as NumPy."""
+    return layer.weight.detach().T.cpu().numpy()
+
+
+def linear_bias(layer):
+    return None if layer.bias is None else layer.bias.detach().cpu().numpy()
+
+
+class SymmetricAttention(nn.Module):
+    """Chapter 2: one learned W for queries and keys; values are the inputs."""
+
+    def __init__(self, d_model, d_embed, *, device=None, dtype=None):
+        super().__init__()
+        self.d_model = validate.check_int("d_model", d_model)
+        self.W = nn.Linear(d_model, validate.check_int("d_embed", d_embed), bias=False,
+                           device=device, dtype=dtype)
+
+    def forward(self, x, mask=None, return_weights=False):
+        check_tensor("x", x, self.d_model)
+        e = self.W(x)  # (..., T, d_embed)
+        out, weights = scaled_dot_product_attention(e, e, x, mask)  # symmetric scores
+        return (out, weights) if return_weights else out
+
+    def numpy_params(self):
+        return {"W": linear_weight(self.W)}
+
+
+class HeadAttention(nn.Module):
+    """Chapter 3: one head with its own W_q, W_k and (if `values`) W_v."""
+
+    def __init__(self, d_model, d_head, *, values=True, device=None, dtype=None):
+        super().__init__()
+        self.d_model = validate.check_int("d_model", d_model)
+        validate.check_int("d_head", d_head)
+        options = dict(bias=False, device=device, dtype=dtype)
+        self.W_q = nn.Linear(d_model, d_head, **options)
+        self.W_k = nn.Linear(d_model, d_head, **options)
+        self.W_v = nn.Linear(d_model, d_head, **options) if values else None
+
+    def forward(self, x, context=None, mask=None, return_weights=False):
+        source = x if context is None else context
+        check_tensor("x", x, self.d_model)
+        check_tensor("context", source, self.d_model)
+        values = source if self.W_v is None else self.W_v(source)  # (..., T_k, d_v)
+        out, weights = scaled_dot_product_attention(self.W_q(x), self.W_k(source), values, mask)
+        return (out, weights) if return_weights else out
+
+    def numpy_params(self):
+        W_v = None if self.W_v is None else linear_weight(self.W_v)
+        return {"W_q": linear_weight(self.W_q), "W_k": linear_weight(self.W_k), "W_v": W_v}
+
+
+class MultiHeadAttentionLoop(nn.Module):
+    """Chapter 4: separate heads run one by one, concatenated, projected by W_o.
+
+    d_head defaults to d_model // n_heads (narrow); d_head=d_model is wide attention.
+    """
+
+    def __init__(self, d_model, n_heads, d_head=None, *, device=None, dtype=None):
+        super().__init__()
+        self.d_model = validate.check_int("d_model", d_model)
+        self.n_heads = validate.check_int("n_heads", n_heads)
+        if d_head is None:
+            validate.check_divisible(d_model, n_heads)
+            d_head = d_model // n_heads
+        options = dict(device=device, dtype=dtype)
+        self.heads = nn.ModuleList(HeadAttention(d_model, d_head, **options) for _ in range(n_heads))
+        self.W_o = nn.Linear(n_heads * d_head, d_model, bias=False, **options)
+
+    def forward(self, x, context=None, mask=None, return_weights=False):
+        source = x if context is None else context
+        check_tensor("x", x, self.d_model)
+        check_tensor("context", source, self.d_model)
+        batch = validate.broadcast_batch("x", x.shape[:-2], "context", source.shape[:-2])
+        shape = (*batch, self.n_heads, x.shape[-2], source.shape[-2])
+        if mask is not None:
+            check_mask_tensor(mask, shape)
+            mask = mask.expand(shape)  # (..., h, T_q, T_k)
+        results = [head(x, context, None if mask is None else mask[..., i, :, :], return_weights=True)
+                   for i, head in enumerate(self.heads)]
+        out = self.W_o(torch.cat([out for out, _ in results], dim=-1))  # (..., T_q, d_model)
+        weights = torch.stack([w for _, w in results], dim=-3)  # (..., h, T_q, T_k)
+        return (out, weights) if return_weights else out
+
+    def numpy_params(self):
+        heads = [tuple(head.numpy_params().values()) for head in self.heads]
+        return {"heads": heads, "W_o": linear_weight(self.W_o)}
+
+
+class MultiHeadAttention(nn.Module):
+    """Chapter 5: all heads in one projection each for Q, K, V, split logically.
+
+    forward(x, context=None, mask=None, return_weights=False) takes PyTorch's fused
+    kernel when weights are not asked for and the explicit form when they are.
+    """
+
+    def __init__(self, d_model, n_heads, *, bias=True, dropout=0.0, device=None, dtype=None):
+        super().__init__()
+        self.d_model = validate.check_int("d_model", d_model)
+        validate.check_divisible(d_model, n_heads)
+        self.n_heads = n_heads
+        self.dropout = float(dropout)
+        options = dict(bias=bias, device=device, dtype=dtype)
+        self.W_q = nn.Linear(d_model, d_model, **options)
+        self.W_k = nn.Linear(d_model, d_model, **options)
+        self.W_v = nn.Linear(d_model, d_model, **options)
+        self.W_o = nn.Linear(d_model, d_model, **options)
+
+    def forward(self, x, context=None, mask=None, return_weights=False):
+        source = x if context is None else context
+        check_tensor("x", x, self.d_model)
+        check_tensor("context", source, self.d_model)
+        batch = validate.broadcast_batch("x", x.shape[:-2], "context", source.shape[:-2])
+        if mask is not None:
+            check_mask_tensor(mask, (*batch, self.n_heads, x.shape[-2], source.shape[-2]))
+        q = split_heads(self.W_q(x), self.n_heads)  # (..., h, T_q, d_head)
+        k = split_heads(self.W_k(source), self.n_heads)  # (..., h, T_k, d_head)
+        v = split_heads(self.W_v(source), self.n_heads)  # (..., h, T_k, d_head)
+        dropout = self.dropout if self.training else 0.0
+        if return_weights:
+            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        out = self.W_o(merge_heads(out))  # (..., T_q, d_model)
+        return (out, weights) if return_weights else out
+
+    @classmethod
+    def from_torch(cls, m):
+        """A copy of a `torch.nn.MultiheadAttention`'s weights (same device and dtype).
+
+        Note the masks: nn.MultiheadAttention's boolean `attn_mask` and
+        `key_padding_mask` mean True = "may NOT attend"; ours mean the opposite.
+        """
+        if not isinstance(m, nn.MultiheadAttention):
+            raise TypeError(f"expected a torch.nn.MultiheadAttention, got {type(m).__name__}")
+        if not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn:
+            raise ValueError("only nn.MultiheadAttention with kdim = vdim = embed_dim, "
+                             "add_bias_kv=False and add_zero_attn=False can be copied")
+        weight = m.in_proj_weight
+        ours = cls(m.embed_dim, m.num_heads, bias=m.in_proj_bias is not None,
+                   dropout=m.dropout, device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            for layer, w in zip((ours.W_q, ours.W_k, ours.W_v), weight.chunk(3)):
+                layer.weight.copy_(w)
+            ours.W_o.weight.copy_(m.out_proj.weight)
+            if m.in_proj_bias is not None:
+                for layer, b in zip((ours.W_q, ours.W_k, ours.W_v), m.in_proj_bias.chunk(3)):
+                    layer.bias.copy_(b)
+                ours.W_o.bias.copy_(m.out_proj.bias)
+        return ours.train(m.training)
+
+    def numpy_params(self):
+        """W_q ... b_o for `mha.numpy.multihead_attention`, in the row-vector convention."""
+        layers = {"q": self.W_q, "k": self.W_k, "v": self.W_v, "o": self.W_o}
+        params = {f"W_{n}": linear_weight(layer) for n, layer in layers.items()}
+        params.update({f"b_{n}": linear_bias(layer) for n, layer in layers.items()})
+        return params
+
+
+from mha.torch_blocks import Encoder, EncoderBlock, layer_norm  # noqa: E402  (they build on the above)
+
+__all__ = [
+    "scaled_dot_product_attention", "split_heads", "merge_heads", "causal_mask", "padding_mask",
+    "masked_softmax", "SymmetricAttention", "HeadAttention", "MultiHeadAttentionLoop",
+    "MultiHeadAttention", "EncoderBlock", "Encoder", "layer_norm",
+]

@@ -1,0 +1,129 @@
+"""Input checks shared by `mha.numpy` and `mha.torch`.
+
+Every public function checks its inputs here first, so a learner sees one clear
+message ("expected ..., got ...") instead of a broadcasting error from deep
+inside NumPy or PyTorch. The checks look only at shapes and dtypes, so the same
+code serves both backends.
+"""
+
+import numbers
+
+
+def shape_str(shape):
+    """Format a shape like NumPy prints it: (2, 5) or (7,)."""
+    return str(tuple(int(n) for n in shape))
+
+
+def check_int(name, value, minimum=1):
+    """`value` must be a Python or NumPy integer >= `minimum` (bool is refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {name}={value}")
+    return int(value)
+
+
+def check_ndim(name, x, minimum, maximum=None):
+    """`x` must have at least `minimum` (and at most `maximum`) dimensions."""
+    ndim = len(x.shape)
+    if ndim < minimum or (maximum is not None and ndim > maximum):
+        wanted = f"{minimum}" if maximum == minimum else f"at least {minimum}"
+        if maximum is not None and maximum != minimum:
+            wanted = f"{minimum} to {maximum}"
+        raise ValueError(
+            f"{name} must have {wanted} dimensions, got {ndim} (shape {shape_str(x.shape)})"
+        )
+
+
+def check_sequence(name, x):
+    """A sequence of vectors: shape (..., T, d) with T >= 1 and d >= 1."""
+    check_ndim(name, x, 2)
+    if x.shape[-2] < 1 or x.shape[-1] < 1:
+        raise ValueError(
+            f"{name} must have shape (..., T, d) with T >= 1 and d >= 1, "
+            f"got shape {shape_str(x.shape)}"
+        )
+
+
+def check_matrix(name, W, rows=None, input_name="the input"):
+    """A weight matrix of shape (rows, cols), `rows` matching the input width."""
+    if len(W.shape) != 2:
+        raise ValueError(
+            f"{name} must be a matrix (2 dimensions), got shape {shape_str(W.shape)}"
+        )
+    if rows is not None and W.shape[0] != rows:
+        raise ValueError(
+            f"{name} has shape {shape_str(W.shape)}, so it expects vectors of width "
+            f"{W.shape[0]}, but {input_name} has width d={rows}"
+        )
+
+
+def check_vector(name, b, length):
+    """A bias or scale vector of shape (length,)."""
+    if tuple(b.shape) != (length,):
+        raise ValueError(f"{name} must have shape ({length},), got shape {shape_str(b.shape)}")
+
+
+def check_same(name_a, a, name_b, b, what):
+    """Two sizes that must agree, e.g. the widths of queries and keys."""
+    if a != b:
+        raise ValueError(f"{what} must match: {name_a}={a} but {name_b}={b}")
+
+
+def check_divisible(d_model, n_heads):
+    check_int("n_heads", n_heads)
+    if d_model % n_heads != 0:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+
+
+def broadcast_batch(name_a, shape_a, name_b, shape_b):
+    """The broadcast of two batch shapes, or a ValueError naming both."""
+    a, b = tuple(shape_a), tuple(shape_b)
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(a, b):
+        if x != y and 1 not in (x, y):
+            raise ValueError(
+                f"batch dimensions of {name_a} {shape_str(shape_a)} and "
+                f"{name_b} {shape_str(shape_b)} do not broadcast"
+            )
+        out.append(max(x, y) if 0 not in (x, y) else 0)
+    return tuple(out)
+
+
+def check_mask(mask_shape, is_bool, scores_shape, dtype_name):
+    """A mask must be boolean and broadcast to the scores' shape without growing it."""
+    if not is_bool:
+        raise TypeError(
+            f"mask must be boolean (True = may attend), got dtype {dtype_name}"
+        )
+    mask_shape, scores_shape = tuple(mask_shape), tuple(scores_shape)
+    fits = len(mask_shape) <= len(scores_shape) and all(
+        m in (1, s) for m, s in zip(reversed(mask_shape), reversed(scores_shape))
+    )
+    if not fits:
+        raise ValueError(
+            f"mask has shape {shape_str(mask_shape)} but scores have shape "
+            f"{shape_str(scores_shape)}; a mask must broadcast to (..., T_q, T_k) "
+            f"of the scores (with heads: (..., h, T_q, T_k))"
+        )
+
+
+def check_lengths(lengths, is_integer, T):
+    """Padding lengths: a 1-D integer array, one length per sequence, each in 0..T."""
+    if len(lengths.shape) != 1:
+        raise ValueError(
+            f"lengths must be 1-D (one length per batch item), "
+            f"got shape {shape_str(lengths.shape)}"
+        )
+    if not is_integer:
+        raise TypeError(f"lengths must be integers, got dtype {lengths.dtype}")
+    for i, n in enumerate(lengths.tolist()):
+        if n < 0 or n > T:
+            raise ValueError(f"lengths[{i}]={n} is outside 0..T with T={T}")
+
+
+def check_activation(activation):
+    if activation not in ("relu", "gelu"):
+        raise ValueError(f'activation must be "relu" or "gelu", got {activation!r}')

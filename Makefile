@@ -8,9 +8,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
-export MPLBACKEND := Agg
 
-.PHONY: book test clean
+.PHONY: book test clean notebooks
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,3 +25,7 @@ test: $(STAMP)
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis
+
+# For maintainers: re-execute every chapter and store fresh outputs.
+notebooks: $(STAMP)
+	$(BIN)/python tools/execute_notebooks.py

@@ -1,0 +1,40 @@
+"""Re-execute the book's notebooks in place and store their fresh outputs.
+
+    make notebooks                                   # every chapter
+    .venv/bin/python tools/execute_notebooks.py book/01_weighted_average.ipynb
+
+Runs with PYTHONHASHSEED=0 (set by the Makefile) so that stored outputs are the
+ones nbval will see. Prints how long each notebook took.
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def execute(path):
+    notebook = nbformat.read(path, as_version=4)
+    client = NotebookClient(notebook, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    client.execute()
+    seconds = time.perf_counter() - start
+    nbformat.write(notebook, path)
+    return seconds
+
+
+def main(args):
+    paths = [Path(a).resolve() for a in args] or sorted((ROOT / "book").glob("*.ipynb"))
+    if not paths:
+        sys.exit("no notebooks found in book/")
+    for path in paths:
+        print(f"{path.relative_to(ROOT)}: {execute(path):.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -225,7 +225,7 @@ def padding_mask(lengths, T):
     """(B, 1, 1, T) boolean: True at the real keys of each sequence, False at padding."""
     T = validate.check_int("T", T)
     lengths = np.asarray(lengths)
-    validate.check_lengths(lengths, np.issubdtype(lengths.dtype, np.integer), T)
+    validate.check_lengths(lengths, np.issubdtype(lengths.dtype, np.integer), T, lengths.tolist())
     real = np.arange(T) < lengths[:, None]  # (B, T)
     return real[:, None, None, :]  # (B, 1, 1, T)
 

@@ -95,7 +95,8 @@ def padding_mask(lengths, T):
     T = validate.check_int("T", T)
     lengths = torch.as_tensor(lengths)
     is_integer = not lengths.is_floating_point() and lengths.dtype != torch.bool and not lengths.is_complex()
-    validate.check_lengths(lengths, is_integer, T)
+    values = None if lengths.is_meta else lengths.tolist()
+    validate.check_lengths(lengths, is_integer, T, values)
     real = torch.arange(T, device=lengths.device) < lengths[:, None]  # (B, T)
     return real[:, None, None, :]  # (B, 1, 1, T)
 

@@ -110,8 +110,11 @@ def check_mask(mask_shape, is_bool, scores_shape, dtype_name):
         )
 
 
-def check_lengths(lengths, is_integer, T):
-    """Padding lengths: a 1-D integer array, one length per sequence, each in 0..T."""
+def check_lengths(lengths, is_integer, T, values=None):
+    """Padding lengths: a 1-D integer array, one length per sequence, each in 0..T.
+
+    `values` is the list of lengths, or None when they cannot be read (meta tensors).
+    """
     if len(lengths.shape) != 1:
         raise ValueError(
             f"lengths must be 1-D (one length per batch item), "
@@ -119,7 +122,7 @@ def check_lengths(lengths, is_integer, T):
         )
     if not is_integer:
         raise TypeError(f"lengths must be integers, got dtype {lengths.dtype}")
-    for i, n in enumerate(lengths.tolist()):
+    for i, n in enumerate(values or []):
         if n < 0 or n > T:
             raise ValueError(f"lengths[{i}]={n} is outside 0..T with T={T}")
 

@@ -1,0 +1,85 @@
+"""Toy inputs and tiny training tasks for the early chapters.
+
+- `sentence_features`: hand-made word vectors for the course's example sentence.
+- `add_positions`, `previous_token_batch`: random sequences whose target is each
+  token's predecessor, a relation that depends on order and is not symmetric.
+- `train`: a small, seeded training loop (Adam, mean squared error).
+
+Everything is seeded, so a chapter that calls these prints the same numbers on
+every run.
+"""
+
+import numpy as np
+import torch
+
+SENTENCE = "I am going to deposit my money at the bank".split()
+
+# One column per feature, one row per word of SENTENCE; the values are made up
+# by hand so that words that belong together share features.
+FEATURES = ("person", "verb", "motion", "money", "place", "grammar", "owning", "noun")
+FEATURE_TABLE = {
+    #          person verb motion money place grammar owning noun
+    "I":       (1.0,  0.0, 0.0,   0.0,  0.0,  0.0,    0.3,   0.5),
+    "am":      (0.2,  0.8, 0.0,   0.0,  0.0,  0.6,    0.0,   0.0),
+    "going":   (0.0,  1.0, 1.0,   0.0,  0.0,  0.0,    0.0,   0.0),
+    "to":      (0.0,  0.0, 0.6,   0.0,  0.0,  1.0,    0.0,   0.0),
+    "deposit": (0.0,  1.0, 0.3,   0.8,  0.0,  0.0,    0.0,   0.0),
+    "my":      (0.8,  0.0, 0.0,   0.0,  0.0,  0.4,    1.0,   0.0),
+    "money":   (0.0,  0.0, 0.0,   1.0,  0.0,  0.0,    0.4,   1.0),
+    "at":      (0.0,  0.0, 0.4,   0.0,  0.6,  1.0,    0.0,   0.0),
+    "the":     (0.0,  0.0, 0.0,   0.0,  0.0,  1.0,    0.0,   0.2),
+    "bank":    (0.0,  0.0, 0.0,   0.8,  1.0,  0.0,    0.0,   1.0),
+}
+
+
+def sentence_features():
+    """The words of SENTENCE and their hand-made vectors X, shape (T, d) = (10, 8)."""
+    X = np.array([FEATURE_TABLE[word] for word in SENTENCE])  # (T, d)
+    return list(SENTENCE), X
+
+
+def add_positions(tokens):
+    """Append a one-hot code of each position: (..., T, d_token) -> (..., T, d_token + T).
+
+    Without it, attention cannot tell the first token from the last: it sees a
+    set of vectors, not a sequence.
+    """
+    *batch, T, _ = tokens.shape
+    positions = torch.eye(T, dtype=tokens.dtype, device=tokens.device)  # (T, T)
+    return torch.cat([tokens, positions.expand(*batch, T, T)], dim=-1)  # (..., T, d_token + T)
+
+
+def previous_token_batch(batch_size, T, d_token, generator=None):
+    """Random sequences and, as targets, each token's predecessor.
+
+    Tokens are Gaussian vectors of width d_token with position codes appended
+    (`add_positions`). The target at position t is the whole input vector at
+    t - 1; the first token's predecessor is the last one (the sequence wraps
+    around, like a clock). Returns inputs X and targets Y, both of shape
+    (batch_size, T, d_token + T), with Y[:, t] == X[:, t - 1].
+    """
+    tokens = torch.randn(batch_size, T, d_token, generator=generator)  # (B, T, d_token)
+    X = add_positions(tokens)  # (B, T, d_token + T)
+    Y = torch.roll(X, shifts=1, dims=-2)  # Y[:, t] = X[:, t - 1]
+    return X, Y
+
+
+def train(model, make_batch, steps=300, lr=0.03, seed=0):
+    """Fit `model` to fresh batches with Adam and the mean squared error.
+
+    make_batch(generator) returns (inputs, targets); model(inputs) must have
+    the targets' shape. The batches are drawn from a generator seeded with
+    `seed`, so the same model and seed give the same losses. Returns the loss
+    of every step, as a list of floats.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        X, Y = make_batch(generator)
+        loss = torch.nn.functional.mse_loss(model(X), Y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses

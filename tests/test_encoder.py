@@ -1,0 +1,119 @@
+"""EncoderBlock and Encoder against torch.nn.TransformerEncoderLayer / TransformerEncoder,
+and the NumPy encoder against the PyTorch one."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import mha.numpy as mn
+import mha.torch as mt
+from conftest import TORCH_DTYPE, assert_close
+
+OPTIONS = [
+    pytest.param(norm_first, activation, dtype, id=f"{'pre' if norm_first else 'post'}-{activation}-{dtype.__name__}")
+    for norm_first, activation, dtype in itertools.product([False, True], ["relu", "gelu"], [np.float32, np.float64])
+]
+D_MODEL, N_HEADS, D_FF, T = 12, 3, 20, 6
+LENGTHS = [6, 4, 1]
+
+
+def torch_layer(norm_first, activation, dtype, eps=1e-5):
+    layer = nn.TransformerEncoderLayer(D_MODEL, N_HEADS, D_FF, dropout=0.0, activation=activation,
+                                       batch_first=True, norm_first=norm_first, layer_norm_eps=eps,
+                                       dtype=TORCH_DTYPE[dtype])
+    with torch.no_grad():  # LayerNorm starts at gamma=1, beta=0: make it a real test
+        for norm in (layer.norm1, layer.norm2):
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+    return layer
+
+
+def padded_batch(dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((len(LENGTHS), T, D_MODEL)).astype(dtype)
+    ours = mn.padding_mask(LENGTHS, T)  # (B, 1, 1, T), True at real keys
+    theirs = ~torch.as_tensor(ours[:, 0, 0])  # (B, T), True at padding
+    return X, ours, theirs
+
+
+@pytest.mark.parametrize("norm_first,activation,dtype", OPTIONS)
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_encoder_block_equals_transformer_encoder_layer(norm_first, activation, dtype, mode):
+    layer = torch_layer(norm_first, activation, dtype, eps=1e-4)
+    layer.train(mode == "train")
+    block = mt.EncoderBlock.from_torch(layer)
+    assert block.training == (mode == "train") and block.norm_1.eps == 1e-4
+    X, mask, key_padding = padded_batch(dtype)
+    x = torch.as_tensor(X)
+    with torch.no_grad():
+        expected = layer(x, src_key_padding_mask=key_padding)
+        out = block(x, torch.as_tensor(mask))
+    real = torch.as_tensor(mask[:, 0, 0])  # PyTorch's eval fast path may differ at padding
+    assert_close(out[real], expected[real], dtype)
+    numpy_out, weights = mn.encoder_block(X, N_HEADS, mask=mask, norm_first=norm_first, eps=1e-4,
+                                          activation=activation, **block.numpy_params())
+    assert_close(numpy_out, out, dtype)
+    assert weights.shape == (len(LENGTHS), N_HEADS, T, T)
+    assert np.all(weights[2, :, :, 1:] == 0)  # sequence 2 has one real key
+
+
+@pytest.mark.parametrize("norm_first,activation,dtype", OPTIONS)
+def test_encoder_equals_transformer_encoder(norm_first, activation, dtype):
+    layer = torch_layer(norm_first, activation, dtype)
+    stack = nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=False)
+    with torch.no_grad():  # the copies start identical: make each layer its own
+        for p in stack.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    encoder = mt.Encoder.from_torch(stack)
+    X, mask, key_padding = padded_batch(dtype, seed=1)
+    x = torch.as_tensor(X)
+    with torch.no_grad():
+        expected = stack(x, src_key_padding_mask=key_padding)
+        out, weights = encoder(x, torch.as_tensor(mask), return_weights=True)
+    assert_close(out, expected, dtype)
+    assert len(weights) == 3 and weights[0].shape == (3, N_HEADS, T, T)
+    numpy_out, numpy_weights = mn.encoder(X, encoder.numpy_params(), N_HEADS, mask=mask,
+                                          norm_first=norm_first, activation=activation)
+    assert_close(numpy_out, out, dtype)
+    for w_np, w_t in zip(numpy_weights, weights):
+        assert_close(w_np, w_t, dtype)
+
+
+def test_encoder_with_causal_mask_matches_src_mask():
+    layer = torch_layer(False, "relu", np.float64)
+    block = mt.EncoderBlock.from_torch(layer)
+    x = torch.randn(2, T, D_MODEL, dtype=torch.float64)
+    causal = mt.causal_mask(T)
+    with torch.no_grad():
+        assert_close(block(x, causal), layer(x, src_mask=~causal))
+
+
+def test_encoder_block_without_bias_matches_torch():
+    layer = nn.TransformerEncoderLayer(D_MODEL, N_HEADS, D_FF, dropout=0.0, batch_first=True,
+                                       bias=False, dtype=torch.float64)
+    block = mt.EncoderBlock.from_torch(layer)
+    params = block.numpy_params()
+    assert params["b_q"] is None and params["beta_1"] is None and params["b_1"] is None
+    X = np.random.default_rng(2).standard_normal((2, T, D_MODEL))
+    with torch.no_grad():
+        expected = layer(torch.as_tensor(X))
+    assert_close(mn.encoder_block(X, N_HEADS, **params)[0], expected)
+
+
+def test_dropout_is_active_only_in_training():
+    block = mt.EncoderBlock(8, 2, 16, dropout=0.5, dtype=torch.float64)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    block.train()
+    assert not torch.allclose(block(x), block(x))
+    block.eval()
+    assert torch.equal(block(x), block(x))
+
+
+def test_encoder_block_post_norm_output_is_normalised():
+    block = mt.EncoderBlock(8, 2, 16, eps=1e-12, dtype=torch.float64)
+    out = block(torch.randn(3, 5, 8, dtype=torch.float64)).detach()
+    assert_close(out.mean(-1), torch.zeros(3, 5), what="LayerNorm last: zero mean per token")
+    assert_close(out.var(-1, unbiased=False), torch.full((3, 5), 1.0), what="unit variance")

@@ -21,7 +21,7 @@ book: $(STAMP)
 	@echo "The course is built: open _build/html/index.html"
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg tests book
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis

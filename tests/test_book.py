@@ -1,0 +1,115 @@
+"""The book builds with no warning, and every page is complete once rendered.
+
+nbval (run by the same test command) re-executes each chapter and compares its
+stored outputs; this file checks the other half: what the reader sees.
+"""
+
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
+
+
+def toc_files():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc["parts"]:
+        files += [c["file"] for c in part["chapters"]]
+    return files
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("book")
+    jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    result = subprocess.run(
+        [str(jupyter_book), "build", str(ROOT), "-W", "-n", "--keep-going", "--path-output", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, f"book build failed or warned:\n{result.stdout[-5000:]}\n{result.stderr[-3000:]}"
+    return out / "_build" / "html"
+
+
+class PageText(HTMLParser):
+    """The visible text of the article, and its images."""
+
+    def __init__(self):
+        super().__init__()
+        self.text, self.images, self.skip = [], [], 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("script", "style"):
+            self.skip += 1
+        if tag == "img":
+            self.images.append(dict(attrs))
+
+    def handle_endtag(self, tag):
+        if tag in ("script", "style"):
+            self.skip -= 1
+
+    def handle_data(self, data):
+        if not self.skip:
+            self.text.append(data)
+
+
+def read_page(site, name):
+    html = (site / f"{name}.html").read_text()
+    article = html[html.index("<article"): html.index("</article>")]
+    parser = PageText()
+    parser.feed(article)
+    return article, " ".join(parser.text), parser.images
+
+
+def test_every_toc_file_exists_and_every_chapter_is_in_the_toc():
+    files = toc_files()
+    for f in files:
+        assert (ROOT / f"{f}.md").exists() or (ROOT / f"{f}.ipynb").exists(), f
+    assert {f"book/{c.stem}" for c in CHAPTERS} <= set(files)
+    assert len(CHAPTERS) >= 6
+
+
+@pytest.mark.parametrize("name", toc_files())
+def test_page_has_no_raw_markup_or_placeholder(site, name):
+    article, text, images = read_page(site, name)
+    for raw in ("{literalinclude}", "{cite}", "{doc}", "{numref}", "```", ":::", "TODO", "TBD",
+                "Lorem", "placeholder"):
+        assert raw not in text, f"{name}: raw or placeholder text {raw!r} in the page"
+    assert "Traceback" not in text, f"{name}: a traceback in the page"
+    assert len(text.split()) > 150, f"{name}: page is nearly empty"
+
+
+@pytest.mark.parametrize("chapter", [c.stem for c in CHAPTERS])
+def test_chapter_page_has_code_outputs_and_captioned_figures(site, chapter):
+    article, text, images = read_page(site, f"book/{chapter}")
+    assert "cell_output" in article, f"{chapter}: no stored outputs rendered"
+    assert images, f"{chapter}: no figure"
+    for image in images:
+        assert image.get("alt"), f"{chapter}: an image without alt text: {image.get('src')}"
+    assert article.count("<figcaption") >= len(images), f"{chapter}: a figure without caption"
+    assert "def " in article, f"{chapter}: no library code included"
+    assert re.search(r"Summary", text), f"{chapter}: no summary"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.stem for c in CHAPTERS])
+def test_notebook_is_stored_executed_in_order_without_errors(chapter):
+    notebook = nbformat.read(chapter, as_version=4)
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    counts = [c.execution_count for c in code]
+    assert counts == list(range(1, len(code) + 1)), f"{chapter.name}: not executed top to bottom"
+    for cell in code:
+        assert not any(o.output_type == "error" for o in cell.outputs), f"{chapter.name}: stored error"
+    literal = [c for c in notebook.cells if c.cell_type == "markdown" and "{literalinclude} /src/mha/" in c.source]
+    assert literal, f"{chapter.name}: shows no library code by inclusion"
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            for match in re.finditer(r"\{literalinclude\} (\S+)\n(?::language: \w+\n)?:pyobject: (\S+)", cell.source):
+                path, obj = ROOT / match.group(1).lstrip("/"), match.group(2).split(".")[0]
+                assert re.search(rf"^(def|class) {obj}\b", path.read_text(), re.M), f"{obj} not in {path}"

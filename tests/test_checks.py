@@ -1,0 +1,125 @@
+"""mha.checks: accepts the reference, rejects every catalogued mistake with its hint,
+and reports a crashing or malformed answer plainly."""
+
+import numpy as np
+import pytest
+
+import mha.checks as checks
+import mha.numpy as mn
+from mha.mistakes import MISTAKES
+
+NAMES = list(checks.CASES)
+REQUIRED = {"softmax", "self_attention", "symmetric_attention", "head_attention",
+            "scaled_dot_product_attention", "split_heads", "merge_heads", "multihead_attention_loop",
+            "multihead_attention", "causal_mask", "padding_mask", "layer_norm", "feed_forward",
+            "encoder_block"}
+
+
+def test_every_required_function_has_a_check():
+    assert REQUIRED <= set(NAMES)
+    for name in REQUIRED:
+        assert callable(getattr(checks, f"check_{name}"))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_check_passes_the_reference_quietly(name, capsys):
+    result = getattr(checks, f"check_{name}")(getattr(mn, name))
+    assert result is None
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1 and "passed" in printed[0]
+
+
+def test_the_catalogue_is_large_and_covers_every_check():
+    assert len(MISTAKES) >= 25
+    assert {m.name for m in MISTAKES} == REQUIRED
+
+
+@pytest.mark.parametrize("mistake", MISTAKES, ids=[m.fn.__name__ for m in MISTAKES])
+def test_check_rejects_the_mistake_and_names_it(mistake):
+    with pytest.raises(checks.CheckFailed) as info:
+        getattr(checks, f"check_{mistake.name}")(mistake.fn)
+    message = str(info.value)
+    assert isinstance(info.value, AssertionError)
+    assert f"hint: {mistake.hint}" in message
+    assert "input:" in message and "case" in message
+
+
+def wrong_dtype_causal(T):
+    return np.tril(np.ones((T, T), dtype=int))
+
+
+def float32_softmax_sloppy(x, axis=-1):
+    x = np.asarray(x, dtype=np.float16)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def weights_transposed(Q, K, V, mask=None):
+    out, w = mn.scaled_dot_product_attention(Q, K, V, mask)
+    return out, np.swapaxes(w, -1, -2)
+
+
+def only_first_head(X, W_q, W_k, W_v, W_o, n_heads, **kw):
+    out, w = mn.multihead_attention(X, W_q, W_k, W_v, W_o, n_heads, **kw)
+    return out, w[..., :1, :, :]
+
+
+def ignores_mask(X, W_q, W_k, W_v, W_o, n_heads, mask=None, **kw):
+    return mn.multihead_attention(X, W_q, W_k, W_v, W_o, n_heads, **kw)
+
+
+@pytest.mark.parametrize("name,fn,expected", [
+    ("causal_mask", wrong_dtype_causal, "expected a boolean array, got dtype int64"),
+    ("softmax", float32_softmax_sloppy, "largest difference"),
+    ("scaled_dot_product_attention", weights_transposed, "weights: expected shape (4, 5)"),
+    ("multihead_attention", only_first_head, "expected shape (3, 2, 5, 5)"),
+    ("multihead_attention", ignores_mask, "case 'a batch with padding'"),
+])
+def test_more_wrong_answers_without_a_named_hint_are_rejected(name, fn, expected):
+    with pytest.raises(checks.CheckFailed) as info:
+        getattr(checks, f"check_{name}")(fn)
+    assert expected in str(info.value)
+
+
+def test_a_crash_is_reported_with_the_input_not_a_traceback():
+    def crashes(X, exclude_self=False):
+        return X @ X  # (T, d) @ (T, d) fails
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_self_attention(crashes)
+    message = str(info.value)
+    assert message.startswith("self_attention raised ValueError")
+    assert "on the case 'one sequence' (X: shape (4, 3) float64)" in message
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_a_stub_says_it_is_not_written_yet():
+    def stub(x, axis=-1):
+        raise NotImplementedError
+    with pytest.raises(checks.CheckFailed, match="not written yet"):
+        checks.check_softmax(stub)
+
+
+@pytest.mark.parametrize("answer,expected", [
+    (lambda X, exclude_self=False: X, "expected a tuple (out, weights), got ndarray"),
+    (lambda X, exclude_self=False: (X,), "expected a tuple of 2 (out, weights), got a tuple of length 1"),
+    (lambda X, exclude_self=False: None, "expected a tuple (out, weights), got NoneType"),
+    (lambda X, exclude_self=False: (mn.self_attention(X)[0], "weights"), "weights: expected shape (4, 4)"),
+])
+def test_wrong_return_types_are_named(answer, expected):
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_self_attention(answer)
+    assert expected in str(info.value)
+
+
+def test_check_needs_a_function():
+    with pytest.raises(checks.CheckFailed, match="needs a function, got int"):
+        checks.check_softmax(3)
+
+
+def test_the_learner_cannot_change_the_reference_inputs():
+    def mutates(x, axis=-1):
+        x *= 0  # in place, on the check's copy
+        return mn.softmax(x, axis)
+    with pytest.raises(checks.CheckFailed):
+        checks.check_softmax(mutates)
+    checks.check_softmax(mn.softmax)  # the cases themselves are untouched

@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: book test clean notebooks
+.PHONY: book test clean notebooks handout
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,3 +29,7 @@ clean:
 # For maintainers: re-execute every chapter and store fresh outputs.
 notebooks: $(STAMP)
 	$(BIN)/python tools/execute_notebooks.py
+
+# For instructors: student notebooks (solutions removed), answer key, student website.
+handout: $(STAMP)
+	$(BIN)/python tools/make_handout.py _handout

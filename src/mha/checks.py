@@ -4,7 +4,8 @@
 and edge cases. On success the check prints one line and returns None. On
 failure it raises `CheckFailed` saying which input, what was expected and what
 came back, with a hint when the answer matches a classic mistake (see
-`mha.mistakes`).
+`mha.mistakes`). A stub that still raises NotImplementedError makes the check
+raise NotImplementedError too, so a handout run top to bottom stops there.
 
     from mha.checks import check_softmax
     check_softmax(my_softmax)
@@ -118,7 +119,9 @@ def run_check(name, fn, cases, pair):
             with np.errstate(all="ignore"):
                 got = fn(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
         except NotImplementedError:
-            raise CheckFailed(f"{name} is not written yet (it raised NotImplementedError)") from None
+            raise NotImplementedError(
+                f"{name} is not written yet: write it in the cell above, then run this check again"
+            ) from None
         except Exception as error:
             raise CheckFailed(
                 f"{name} raised {type(error).__name__}: {error}\n"

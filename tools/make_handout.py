@@ -1,0 +1,133 @@
+"""Make the instructors' handout from the book's own sources.
+
+    make handout            # or: .venv/bin/python tools/make_handout.py [OUTPUT_DIR]
+
+Writes, under OUTPUT_DIR (default `_handout/`):
+  student/   the book with every solution removed: code exercises become a stub
+             (signature, docstring, `raise NotImplementedError`) followed by
+             their check; exercise outputs are cleared;
+  key/       the answer key: the chapter notebooks with their worked solutions;
+  html/      the student book built as a website (no solutions in it).
+
+How a chapter marks its exercises (see the instructors' page of the book):
+  - an `{exercise}` directive (colon fence) states the task;
+  - a code solution sits between a `{solution-start}` and a `{solution-end}`
+    Markdown cell; each function defined there becomes a stub;
+  - a prose solution is a `{solution}` directive block in a Markdown cell.
+"""
+
+import ast
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTION_BLOCK = re.compile(r"^(:{3,})\{solution\}.*?^\1[ \t]*$\n?", re.M | re.S)
+BOOK_FILES = ["_config.yml", "_toc.yml"]
+
+
+def is_marker(cell, name):
+    return cell.cell_type == "markdown" and re.search(r"^:{3,}\{" + name + r"\}", cell.source, re.M)
+
+
+def stub_for(code):
+    """Stubs for the functions defined in a solution: signature, docstring, raise."""
+    tree = ast.parse(code)
+    lines = code.splitlines()
+    stubs = []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        first_body = node.body[0]
+        has_doc = isinstance(first_body, ast.Expr) and isinstance(getattr(first_body, "value", None), ast.Constant) \
+            and isinstance(first_body.value.value, str)
+        end = first_body.end_lineno if has_doc else node.body[0].lineno - 1
+        header = lines[node.lineno - 1 - len(node.decorator_list): end]
+        indent = " " * (node.col_offset + 4)
+        message = f"write {node.name}, then run the check below"
+        stubs.append("\n".join(header + [f"{indent}raise NotImplementedError({message!r})"]))
+    return "\n\n\n".join(stubs)
+
+
+def student_cells(cells):
+    """The cells of a student notebook: solutions out, stubs in, exercise outputs cleared."""
+    out, in_solution, solution_code, seen_exercise = [], False, [], False
+    for cell in cells:
+        if is_marker(cell, "solution-start"):
+            in_solution, solution_code = True, []
+            continue
+        if is_marker(cell, "solution-end"):
+            in_solution = False
+            stub = stub_for("\n\n".join(solution_code))
+            if stub:
+                out.append(nbformat.v4.new_code_cell(stub, metadata={"tags": ["exercise-stub"]}))
+            continue
+        if in_solution:
+            if cell.cell_type == "code":
+                solution_code.append(cell.source)
+            continue
+        cell = cell.copy()
+        if cell.cell_type == "markdown":
+            seen_exercise = seen_exercise or is_marker(cell, "exercise")
+            cell.source = SOLUTION_BLOCK.sub("", cell.source).strip()
+            if not cell.source:
+                continue
+        elif seen_exercise:
+            cell.outputs, cell.execution_count = [], None
+        out.append(cell)
+    if in_solution:
+        raise ValueError("a {solution-start} without its {solution-end}")
+    return out
+
+
+def student_notebook(path):
+    notebook = nbformat.read(path, as_version=4)
+    notebook.cells = student_cells(notebook.cells)
+    for cell in notebook.cells:
+        cell.pop("id", None)
+    nbformat.validator.normalize(notebook)
+    return notebook
+
+
+def copy_book(destination):
+    """The book's sources and the library they include, without notebooks."""
+    for name in BOOK_FILES:
+        shutil.copy(ROOT / name, destination / name)
+    shutil.copytree(ROOT / "book", destination / "book", ignore=shutil.ignore_patterns("*.ipynb", ".*"))
+    shutil.copytree(ROOT / "src", destination / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+
+
+def make_handout(output, build_html=True):
+    output = Path(output)
+    shutil.rmtree(output, ignore_errors=True)
+    student, key = output / "student", output / "key"
+    student.mkdir(parents=True)
+    key.mkdir()
+    copy_book(student)
+    for path in sorted((ROOT / "book").glob("*.ipynb")):
+        nbformat.write(student_notebook(path), student / "book" / path.name)
+        shutil.copy(path, key / path.name)
+    if build_html:
+        build(student, output / "html")
+    return output
+
+
+def build(source, html):
+    jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    result = subprocess.run([str(jupyter_book), "build", str(source), "-W", "-n", "--keep-going"],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"the student book did not build:\n{result.stdout[-4000:]}\n{result.stderr[-2000:]}")
+    shutil.move(str(source / "_build" / "html"), html)
+    shutil.rmtree(source / "_build")
+
+
+if __name__ == "__main__":
+    target = make_handout(sys.argv[1] if len(sys.argv) > 1 else ROOT / "_handout")
+    print(f"student notebooks: {target / 'student' / 'book'}\n"
+          f"answer key:        {target / 'key'}\n"
+          f"student website:   {target / 'html' / 'index.html'}")

@@ -47,8 +47,11 @@ def attention_heatmap(weights, queries, keys=None, *, ax=None, title=None, annot
     return ax
 
 
-def head_heatmaps(weights, queries, keys=None, *, titles=None, ncols=None, size=3.2):
-    """One heatmap per head for weights of shape (h, T_q, T_k); returns the figure."""
+def head_heatmaps(weights, queries, keys=None, *, titles=None, ncols=None, size=3.2, vmax=None):
+    """One heatmap per head for weights of shape (h, T_q, T_k); returns the figure.
+
+    `vmax` sets one colour scale for every panel (default: each panel its own).
+    """
     weights = as_numpy(weights)
     if weights.ndim != 3:
         raise ValueError(f"weights must have shape (h, T_q, T_k), got {weights.shape}")
@@ -62,7 +65,7 @@ def head_heatmaps(weights, queries, keys=None, *, titles=None, ncols=None, size=
             ax.axis("off")
             continue
         title = titles[i] if titles else f"head {i}"
-        attention_heatmap(weights[i], queries, keys, ax=ax, title=title, annotate=False)
+        attention_heatmap(weights[i], queries, keys, ax=ax, title=title, annotate=False, vmax=vmax)
         if i % ncols:
             ax.set_ylabel("")
     return fig

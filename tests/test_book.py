@@ -43,21 +43,23 @@ class PageText(HTMLParser):
 
     def __init__(self):
         super().__init__()
-        self.text, self.images, self.skip = [], [], 0
+        self.text, self.prose, self.images, self.skip, self.code = [], [], [], 0, 0
 
     def handle_starttag(self, tag, attrs):
-        if tag in ("script", "style"):
-            self.skip += 1
+        self.skip += tag in ("script", "style")
+        self.code += tag == "pre"
         if tag == "img":
             self.images.append(dict(attrs))
 
     def handle_endtag(self, tag):
-        if tag in ("script", "style"):
-            self.skip -= 1
+        self.skip -= tag in ("script", "style")
+        self.code -= tag == "pre"
 
     def handle_data(self, data):
         if not self.skip:
             self.text.append(data)
+            if not self.code:
+                self.prose.append(data)
 
 
 def read_page(site, name):
@@ -65,7 +67,7 @@ def read_page(site, name):
     article = html[html.index("<article"): html.index("</article>")]
     parser = PageText()
     parser.feed(article)
-    return article, " ".join(parser.text), parser.images
+    return article, " ".join(parser.text), parser.images, " ".join(parser.prose)
 
 
 def test_every_toc_file_exists_and_every_chapter_is_in_the_toc():
@@ -78,7 +80,8 @@ def test_every_toc_file_exists_and_every_chapter_is_in_the_toc():
 
 @pytest.mark.parametrize("name", toc_files())
 def test_page_has_no_raw_markup_or_placeholder(site, name):
-    article, text, images = read_page(site, name)
+    article, text, images, prose = read_page(site, name)
+    assert "$" not in prose, f"{name}: a formula was not converted to math (a raw $ in the text)"
     for raw in ("{literalinclude}", "{cite}", "{doc}", "{numref}", "```", ":::", "TODO", "TBD",
                 "Lorem", "placeholder"):
         assert raw not in text, f"{name}: raw or placeholder text {raw!r} in the page"
@@ -88,7 +91,7 @@ def test_page_has_no_raw_markup_or_placeholder(site, name):
 
 @pytest.mark.parametrize("chapter", [c.stem for c in CHAPTERS])
 def test_chapter_page_has_code_outputs_and_captioned_figures(site, chapter):
-    article, text, images = read_page(site, f"book/{chapter}")
+    article, text, images, _ = read_page(site, f"book/{chapter}")
     assert "cell_output" in article, f"{chapter}: no stored outputs rendered"
     assert images, f"{chapter}: no figure"
     for image in images:
@@ -96,6 +99,27 @@ def test_chapter_page_has_code_outputs_and_captioned_figures(site, chapter):
     assert article.count("<figcaption") >= len(images), f"{chapter}: a figure without caption"
     assert re.search(r"\bdef\s+\w+\s*\(", text), f"{chapter}: no library code included"
     assert re.search(r"Summary", text), f"{chapter}: no summary"
+
+
+def markdown_sources():
+    for path in sorted((ROOT / "book").glob("*.md")):
+        yield path.name, path.read_text()
+    for path in CHAPTERS:
+        cells = nbformat.read(path, as_version=4).cells
+        yield path.name, "\n\n".join(c.source if c.cell_type == "markdown" else "CODE" for c in cells)
+
+
+@pytest.mark.parametrize("name,source", list(markdown_sources()), ids=[n for n, _ in markdown_sources()])
+def test_no_section_is_empty(name, source):
+    """Every heading is followed by something before the next heading."""
+    source = re.sub(r"```.*?```", "CODE", source, flags=re.S)
+    blocks = re.split(r"^(#{1,6} .*)$", source, flags=re.M)
+    headings, bodies = blocks[1::2], blocks[2::2]
+    for i, (heading, body) in enumerate(zip(headings, bodies)):
+        level = len(heading) - len(heading.lstrip("#"))
+        next_level = len(headings[i + 1]) - len(headings[i + 1].lstrip("#")) if i + 1 < len(headings) else 0
+        has_subsections = next_level > level
+        assert body.strip() or has_subsections, f"{name}: the section {heading!r} is empty"
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.stem for c in CHAPTERS])

@@ -130,6 +130,8 @@ def test_notebook_is_stored_executed_in_order_without_errors(chapter):
     assert counts == list(range(1, len(code) + 1)), f"{chapter.name}: not executed top to bottom"
     for cell in code:
         assert not any(o.output_type == "error" for o in cell.outputs), f"{chapter.name}: stored error"
+        stderr = [o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stderr"]
+        assert not stderr, f"{chapter.name}: a warning in the stored output: {stderr[0][:300]}"
     literal = [c for c in notebook.cells if c.cell_type == "markdown" and "{literalinclude} /src/mha/" in c.source]
     assert literal, f"{chapter.name}: shows no library code by inclusion"
     for cell in notebook.cells:

@@ -110,7 +110,8 @@ def trend_plot(x, curves, *, xlabel, ylabel, ax=None, title=None, logx=False, lo
     if title:
         ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if curves:
+        ax.legend()
     return ax
 
 

@@ -32,9 +32,13 @@ FEATURE_TABLE = {
 }
 
 
-def sentence_features():
-    """The words of SENTENCE and their hand-made vectors X, shape (T, d) = (10, 8)."""
-    X = np.array([FEATURE_TABLE[word] for word in SENTENCE])  # (T, d)
+def sentence_features(scale=2.0):
+    """The words of SENTENCE and their hand-made vectors X, shape (T, d) = (10, 8).
+
+    Each row is the word's row of FEATURE_TABLE times `scale`: longer vectors
+    give larger dot products, hence attention weights that are easier to read.
+    """
+    X = scale * np.array([FEATURE_TABLE[word] for word in SENTENCE])  # (T, d)
     return list(SENTENCE), X
 
 

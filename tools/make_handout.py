@@ -87,9 +87,7 @@ def student_cells(cells):
 def student_notebook(path):
     notebook = nbformat.read(path, as_version=4)
     notebook.cells = student_cells(notebook.cells)
-    for cell in notebook.cells:
-        cell.pop("id", None)
-    nbformat.validator.normalize(notebook)
+    nbformat.validate(notebook)
     return notebook
 
 

@@ -1,7 +1,9 @@
 # Two commands (see README.md):
 #   make book   build the course into _build/html
 #   make test   install what is needed, then run every test
-# Both create a virtual environment in .venv on first use.
+# Both create a virtual environment in .venv on first use. `make test` also
+# installs, when missing, what the browser test (tests/test_site.py) needs:
+# Debian's chromium (with apt-get, as root) and MathJax 3 (npm, into .cache/).
 
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: book test clean notebooks handout
+.PHONY: book test clean notebooks handout browser
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,16 +22,47 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	@echo "The course is built: open _build/html/index.html"
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -n 2 --dist loadfile --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg tests book
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis
 
 # For maintainers: re-execute every chapter and store fresh outputs.
+# First rewrites each chapter's Colab install cell from _config.yml (tools/colab_cell.py).
 notebooks: $(STAMP)
+	$(BIN)/python tools/colab_cell.py
 	$(BIN)/python tools/execute_notebooks.py
+
+# The browser test serves the built site with MathJax from the npm registry (the
+# pages load it from a CDN) and drives Debian's chromium. On a machine without
+# them and without root, tests/test_site.py skips with the reason (never in CI).
+CHROMIUM := /usr/bin/chromium
+MATHJAX := .cache/mathjax/node_modules/mathjax/es5/tex-mml-chtml.js
+
+browser: $(MATHJAX)
+	@if [ ! -x $(CHROMIUM) ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "no $(CHROMIUM), and not root on Debian: the browser test will skip"; fi; \
+	fi
+
+$(MATHJAX):
+	@if ! command -v npm >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null; \
+	fi
+	@if command -v npm >/dev/null; then \
+	  npm install --prefix .cache/mathjax --no-audit --no-fund --loglevel=error mathjax@3.2.2; \
+	else echo "no npm: the browser test will skip"; fi
 
 # For instructors: student notebooks (solutions removed), answer key, student website.
 handout: $(STAMP)
 	$(BIN)/python tools/make_handout.py _handout
+
+# Benchmarks against PyTorch, speed and memory (several minutes on 2 cores; see
+# benchmarks/__init__.py). Prints every table and writes it to _build/benchmarks/
+# as CSV and JSON. Chapter 8 reads the stored copy in benchmarks/results/; refresh
+# that deliberately: $(BIN)/python -m benchmarks --save benchmarks/results
+.PHONY: bench
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks --save _build/benchmarks

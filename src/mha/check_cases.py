@@ -204,6 +204,85 @@ CASES = {
     "padding_mask": padding_mask_cases, "layer_norm": layer_norm_cases,
     "feed_forward": feed_forward_cases, "encoder_block": encoder_block_cases,
 }
+# How each function returns: True for (out, weights), False for one array, or a
+# tuple of part names (nested for nested results). The checks compare part by part.
 PAIRS = {name: name in {"self_attention", "symmetric_attention", "head_attention",
                         "scaled_dot_product_attention", "multihead_attention_loop",
                         "multihead_attention", "encoder_block"} for name in CASES}
+
+
+def decoder_block_params(r, d, d_ff, bias=True):
+    """Every parameter of mha.numpy.decoder_block; with bias=False the biases and betas are None."""
+    params = {f"{part}_{k}": v for part in ("self", "cross") for k, v in attention_params(r, d).items()}
+    for i in (1, 2, 3):
+        params[f"gamma_{i}"], params[f"beta_{i}"] = 1 + 0.3 * r.standard_normal(d), 0.3 * r.standard_normal(d)
+    params.update({"W_1": weights(r, d, d_ff), "b_1": 0.3 * r.standard_normal(d_ff),
+                   "W_2": weights(r, d_ff, d), "b_2": 0.3 * r.standard_normal(d)})
+    if not bias:
+        params.update({k: None for k in params if k.startswith(("self_b_", "cross_b_", "b_", "beta_"))})
+    return params
+
+
+def decoder_block_cases():
+    r = rng()
+    X, memory = r.standard_normal((2, 4, 6)), r.standard_normal((2, 5, 6))
+    return [
+        Case("post-norm, causal, padded target and source", (X, memory, 2),
+             {**decoder_block_params(r, 6, 10), "causal": True, "self_mask": mn.padding_mask([4, 3], 4),
+              "memory_mask": mn.padding_mask([5, 2], 5)}),
+        Case("pre-norm, gelu, one sequence, the causal mask given as self_mask", (X[0, :3], memory[0], 3),
+             {**decoder_block_params(r, 6, 10), "norm_first": True, "activation": "gelu",
+              "self_mask": mn.causal_mask(3)}),
+        Case("no biases, a source with no real token", (X, memory[:, :3], 2),
+             {**decoder_block_params(r, 6, 8, bias=False), "causal": True, "eps": 0.1,
+              "memory_mask": mn.padding_mask([3, 0], 3)}),
+    ]
+
+
+CASES["decoder_block"] = decoder_block_cases
+PAIRS["decoder_block"] = ("out", ("self_weights", "cross_weights"))
+
+
+def attention_at_offset_cases():
+    r = rng()
+
+    def rows(*shape):  # attention weights: each row sums to 1
+        return mn.softmax(2 * r.standard_normal(shape))
+
+    return [
+        Case("one head, the previous token", (rows(5, 5), -1)),
+        Case("heads, the next token", (rows(3, 6, 6), 1)),
+        Case("a batch of heads, the token itself", (rows(2, 3, 4, 4), 0)),
+        Case("two tokens back", (rows(2, 6, 6), -2)),
+        Case("more keys than queries", (rows(3, 5), 2)),
+    ]
+
+
+CASES["attention_at_offset"] = attention_at_offset_cases
+PAIRS["attention_at_offset"] = False
+
+
+def chunked_attention_cases():
+    r = rng()
+    X = r.standard_normal((2, 5, 4))
+    masked = np.ones((2, 5, 5), dtype=bool)
+    masked[0, 3] = False  # query 3 of sequence 0 may attend to nothing
+    masked[1, :, :2] = False  # sequence 1: the whole first chunk is blocked
+    far = np.array([[30.0, 30.0], [-30.0, -30.0], [-29.0, -31.0]])  # scores about 1273, -1273, -1273
+    return [
+        Case("one sequence, chunk does not divide T",
+             (r.standard_normal((6, 3)), r.standard_normal((7, 3)), r.standard_normal((7, 2))), {"chunk": 3}),
+        Case("a batch, chunk divides T", (X, X, r.standard_normal((2, 5, 3))), {"chunk": 5}),
+        Case("a fully masked row and a fully masked first chunk",
+             (X, X, r.standard_normal((2, 5, 3))), {"mask": masked, "chunk": 2}),
+        Case("large logits, causal", tuple(30 * r.standard_normal((2, 4, 4, 3)) for _ in range(3)),
+             {"mask": mn.causal_mask(4), "chunk": 3}),
+        Case("very negative scores after a masked chunk",
+             (np.array([[30.0, 30.0]]), far, r.standard_normal((3, 2))),
+             {"mask": np.array([[False, True, True]]), "chunk": 1}),
+        Case("chunk larger than T", tuple(r.standard_normal((3, 2)) for _ in range(3)), {"chunk": 8}),
+    ]
+
+
+CASES["chunked_attention"] = chunked_attention_cases
+PAIRS["chunked_attention"] = False  # chunked attention returns out only: no weights

@@ -70,45 +70,70 @@ def compare_arrays(what, expected, got):
             f"{diff[i]:.3g} at index {i}: expected {expected[i]:.6g}, got {got[i]:.6g}")
 
 
-def compare_result(expected, got, pair):
-    """Compare a whole result: an array, or an (out, weights) pair."""
-    if not pair:
+def structure_of(name):
+    """How `mha.numpy.<name>` returns: None (one array) or a tuple of part names, maybe nested."""
+    parts = PAIRS[name]
+    if parts is True:
+        return ("out", "weights")
+    return parts or None
+
+
+def describe_structure(structure):
+    inner = ", ".join(p if isinstance(p, str) else describe_structure(p) for p in structure)
+    return f"({inner})"
+
+
+def compare_result(expected, got, structure):
+    """Compare a whole result: an array, or a tuple such as (out, weights), part by part."""
+    if structure is None:
         return compare_arrays("result", expected, got)
+    wanted = describe_structure(structure)
     if not isinstance(got, (tuple, list)):
-        return f"expected a tuple (out, weights), got {type(got).__name__}"
-    if len(got) != 2:
-        return f"expected a tuple of 2 (out, weights), got a {type(got).__name__} of length {len(got)}"
-    for what, e, g in (("out", expected[0], got[0]), ("weights", expected[1], got[1])):
-        problem = compare_arrays(what, e, g)
+        return f"expected a tuple {wanted}, got {type(got).__name__}"
+    if len(got) != len(structure):
+        return (f"expected a tuple of {len(structure)} {wanted}, "
+                f"got a {type(got).__name__} of length {len(got)}")
+    for part, e, g in zip(structure, expected, got):
+        problem = compare_arrays(part, e, g) if isinstance(part, str) else compare_result(e, g, part)
         if problem:
             return problem
     return None
 
 
-def matching_hint(name, case, got, pair):
+def flatten(result, structure):
+    """The arrays of a result in order, following `structure` (None: the result itself)."""
+    if structure is None:
+        return [result]
+    if not isinstance(result, (tuple, list)) or len(result) != len(structure):
+        raise ValueError("not shaped like the reference's result")
+    return [a for part, r in zip(structure, result)
+            for a in ([r] if isinstance(part, str) else flatten(r, part))]
+
+
+def matching_hint(name, case, got, structure):
     """The hint of the first classic mistake whose answer equals `got`, if any."""
     for m in mistakes.for_function(name):
         try:
             with np.errstate(all="ignore"):
                 wrong = m.fn(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
-            if compare_mistake(wrong, got, pair):
+            if compare_mistake(wrong, got, structure):
                 return m.hint
         except Exception:
             continue
     return None
 
 
-def compare_mistake(wrong, got, pair):
+def compare_mistake(wrong, got, structure):
     """True when `got` equals a mistake's answer (NaNs matching NaNs)."""
-    parts = zip(wrong, got) if pair else [(wrong, got)]
     try:
+        pairs = zip(flatten(wrong, structure), flatten(got, structure))
         return all(np.allclose(np.asarray(g, dtype=float), np.asarray(w, dtype=float),
-                               rtol=RTOL, atol=ATOL, equal_nan=True) for w, g in parts)
+                               rtol=RTOL, atol=ATOL, equal_nan=True) for w, g in pairs)
     except (TypeError, ValueError):
         return False
 
 
-def run_check(name, fn, cases, pair):
+def run_check(name, fn, cases, structure):
     """Call `fn` on every case and compare it with `mha.numpy.<name>`."""
     if not callable(fn):
         raise CheckFailed(f"check_{name} needs a function, got {type(fn).__name__}")
@@ -127,9 +152,9 @@ def run_check(name, fn, cases, pair):
                 f"{name} raised {type(error).__name__}: {error}\n"
                 f"  on the case '{case.label}' ({describe_case(reference, case)})"
             ) from None
-        problem = compare_result(expected, got, pair)
+        problem = compare_result(expected, got, structure)
         if problem:
-            hint = matching_hint(name, case, got, pair)
+            hint = matching_hint(name, case, got, structure)
             raise CheckFailed(
                 f"{name} gives a wrong answer on the case '{case.label}'\n"
                 f"  input: {describe_case(reference, case)}\n  {problem}"
@@ -140,7 +165,7 @@ def run_check(name, fn, cases, pair):
 
 def make_check(name):
     def check(fn):
-        run_check(name, fn, CASES[name](), PAIRS[name])
+        run_check(name, fn, CASES[name](), structure_of(name))
     check.__name__ = check.__qualname__ = f"check_{name}"
     check.__doc__ = (f"Check a learner's `{name}` against `mha.numpy.{name}`; "
                      f"raises CheckFailed with a hint on a wrong answer.")
@@ -161,3 +186,6 @@ check_padding_mask = make_check("padding_mask")
 check_layer_norm = make_check("layer_norm")
 check_feed_forward = make_check("feed_forward")
 check_encoder_block = make_check("encoder_block")
+check_decoder_block = make_check("decoder_block")
+check_attention_at_offset = make_check("attention_at_offset")
+check_chunked_attention = make_check("chunked_attention")

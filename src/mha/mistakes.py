@@ -360,3 +360,169 @@ def block_norm_swapped(X, n_heads, *, mask=None, norm_first=False, eps=1e-5, act
 def block_without_activation(X, n_heads, *, mask=None, norm_first=False, eps=1e-5, activation="relu", **params):
     return _block(X, n_heads, params, mask=mask, norm_first=norm_first, eps=eps, activation=activation,
                   ff_activation=lambda h: h)
+
+
+# decoder_block (chapter 9) ------------------------------------------------------------
+
+def _decoder(X, memory, n_heads, params, *, self_mask, memory_mask, causal, norm_first, eps, activation,
+             cross_from_target=False, ignore_causal=False, norm_memory=False, flip_norm=False):
+    p = {k: params.get(k) for k in mn.DECODER_BLOCK_PARAMS}
+
+    def attend(part, x, context, mask):
+        return mn.multihead_attention(x, n_heads=n_heads, context=context, mask=mask,
+                                      **{k: p[f"{part}_{k}"] for k in mn.ATTENTION_PARAMS})
+
+    def ln(x, i):
+        return mn.layer_norm(x, p[f"gamma_{i}"], p[f"beta_{i}"], eps)
+
+    if causal and not ignore_causal:
+        self_mask = mn.causal_mask(X.shape[-2]) & (True if self_mask is None else self_mask)
+    if cross_from_target:  # keys and values from the target: the padding of the source no longer fits
+        memory, memory_mask = None, None
+
+    def ff(x):
+        return mn.feed_forward(x, p["W_1"], p["b_1"], p["W_2"], p["b_2"], activation)
+
+    if norm_first != flip_norm:
+        a, w_self = attend("self", ln(X, 1), None, self_mask)
+        X = X + a
+        source = ln(memory, 2) if norm_memory and memory is not None else memory
+        a, w_cross = attend("cross", ln(X, 2), source, memory_mask)
+        X = X + a
+        return X + ff(ln(X, 3)), (w_self, w_cross)
+    a, w_self = attend("self", X, None, self_mask)
+    X = ln(X + a, 1)
+    a, w_cross = attend("cross", X, memory, memory_mask)
+    X = ln(X + a, 2)
+    return ln(X + ff(X), 3), (w_self, w_cross)
+
+
+@mistake("decoder_block", "cross-attention takes its queries from the target but its keys and values "
+         "from `memory`, the encoder's output")
+def decoder_cross_from_target(X, memory, n_heads, *, self_mask=None, memory_mask=None, causal=False,
+                              norm_first=False, eps=1e-5, activation="relu", **params):
+    return _decoder(X, memory, n_heads, params, self_mask=self_mask, memory_mask=memory_mask, causal=causal,
+                    norm_first=norm_first, eps=eps, activation=activation, cross_from_target=True)
+
+
+@mistake("decoder_block", "with causal=True, combine self_mask with the causal mask (both must allow a key): "
+         "position t may not attend to later positions")
+def decoder_without_causal(X, memory, n_heads, *, self_mask=None, memory_mask=None, causal=False,
+                           norm_first=False, eps=1e-5, activation="relu", **params):
+    return _decoder(X, memory, n_heads, params, self_mask=self_mask, memory_mask=memory_mask, causal=causal,
+                    norm_first=norm_first, eps=eps, activation=activation, ignore_causal=True)
+
+
+@mistake("decoder_block", "in pre-norm, LN_2 normalises the target before the cross-attention; "
+         "`memory` goes in as it is")
+def decoder_normalises_memory(X, memory, n_heads, *, self_mask=None, memory_mask=None, causal=False,
+                              norm_first=False, eps=1e-5, activation="relu", **params):
+    return _decoder(X, memory, n_heads, params, self_mask=self_mask, memory_mask=memory_mask, causal=causal,
+                    norm_first=norm_first, eps=eps, activation=activation, norm_memory=True)
+
+
+@mistake("decoder_block", "check where the LayerNorms go: post-norm (norm_first=False) is "
+         "LN(x + sublayer(x)); pre-norm is x + sublayer(LN(x))")
+def decoder_norm_swapped(X, memory, n_heads, *, self_mask=None, memory_mask=None, causal=False,
+                         norm_first=False, eps=1e-5, activation="relu", **params):
+    return _decoder(X, memory, n_heads, params, self_mask=self_mask, memory_mask=memory_mask, causal=causal,
+                    norm_first=norm_first, eps=eps, activation=activation, flip_norm=True)
+
+
+# attention_at_offset --------------------------------------------------------------------
+
+@mistake("attention_at_offset", "offset -1 is the key just BEFORE the query: read weights[..., i, i + offset], "
+         "not weights[..., i, i - offset]")
+def offset_sign_flipped(weights, offset):
+    return np.diagonal(np.asarray(weights, dtype=float), -offset, axis1=-2, axis2=-1).mean(axis=-1)
+
+
+@mistake("attention_at_offset", "average over the queries that have a key at that offset "
+         "(T - |offset| of them), not over all T_q queries")
+def offset_divided_by_all_queries(weights, offset):
+    weights = np.asarray(weights, dtype=float)
+    return np.diagonal(weights, offset, axis1=-2, axis2=-1).sum(axis=-1) / weights.shape[-2]
+
+
+@mistake("attention_at_offset", "the first token has no previous token: do not wrap around to the "
+         "last key (skip the queries whose key i + offset does not exist)")
+def offset_wraps_around(weights, offset):
+    weights = np.asarray(weights, dtype=float)
+    T_q, T_k = weights.shape[-2:]
+    keys = (np.arange(T_q) + offset) % T_k
+    return weights[..., np.arange(T_q), keys].mean(axis=-1)
+
+
+# chunked attention (chapter 8) -----------------------------------------------------------
+
+def _online_softmax(Q, K, V, mask, chunk, *, rescale=True, safe=True, keep_last=True, scale_acc=True,
+                    keep_true_max=True):
+    """Chunked attention with one step left out, as the flags say."""
+    Q, K, V = (np.asarray(a, dtype=float) for a in (Q, K, V))
+    T_k = K.shape[-2]
+    shape = np.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2]) + (Q.shape[-2], T_k)
+    mask = np.ones(shape, dtype=bool) if mask is None else np.broadcast_to(mask, shape)
+    Q = Q / math.sqrt(Q.shape[-1])
+    row_max = np.full(shape[:-1] + (1,), -np.inf)
+    row_sum = np.zeros_like(row_max)
+    acc = np.zeros(shape[:-1] + (V.shape[-1],))
+    stop = T_k if keep_last else T_k - T_k % chunk
+    for start in range(0, stop, chunk):
+        block = slice(start, start + chunk)
+        scores = np.where(mask[..., block], Q @ np.swapaxes(K[..., block, :], -1, -2), -np.inf)
+        new_max = np.maximum(row_max, scores.max(axis=-1, keepdims=True))
+        ref = np.where(np.isfinite(new_max), new_max, 0) if safe else new_max
+        factor = np.exp(row_max - ref) if rescale else 1.0
+        p = np.exp(scores - ref)
+        row_sum = row_sum * factor + p.sum(axis=-1, keepdims=True)
+        acc = acc * (factor if scale_acc else 1.0) + p @ V[..., block, :]
+        row_max = new_max if keep_true_max else ref
+    if not safe:
+        return acc / row_sum
+    return np.divide(acc, row_sum, out=np.zeros_like(acc), where=row_sum > 0)
+
+
+@mistake("chunked_attention", "when a block brings a larger maximum, rescale what you have so far: multiply "
+         "the running sum and the accumulated output by exp(old_max - new_max) before adding the block")
+def chunked_without_rescaling(Q, K, V, mask=None, chunk=256):
+    return _online_softmax(Q, K, V, mask, chunk, rescale=False)
+
+
+@mistake("chunked_attention", "rescale the accumulated output too, not only the running sum: both were "
+         "computed relative to the old maximum")
+def chunked_rescales_only_the_sum(Q, K, V, mask=None, chunk=256):
+    return _online_softmax(Q, K, V, mask, chunk, scale_acc=False)
+
+
+@mistake("chunked_attention", "a row with no allowed key so far has a running maximum of -inf, and "
+         "-inf - (-inf) is NaN: subtract 0 instead while the maximum is -inf, and divide only where the "
+         "running sum is positive (a query with nothing to attend to gets zeros)")
+def chunked_nan_on_masked_rows(Q, K, V, mask=None, chunk=256):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return _online_softmax(Q, K, V, mask, chunk, safe=False)
+
+
+@mistake("chunked_attention", "the last block may be shorter than `chunk`: loop with "
+         "range(0, T_k, chunk) so the keys after the last full block are not dropped")
+def chunked_drops_the_last_block(Q, K, V, mask=None, chunk=256):
+    return _online_softmax(Q, K, V, mask, chunk, keep_last=False)
+
+
+@mistake("chunked_attention", "a softmax per block is not the softmax over all keys: keep a running "
+         "maximum and sum across the blocks and divide once, at the end")
+def chunked_softmax_per_block(Q, K, V, mask=None, chunk=256):
+    Q, K, V = (np.asarray(a, dtype=float) for a in (Q, K, V))
+    total = 0.0
+    for start in range(0, K.shape[-2], chunk):
+        block = slice(start, start + chunk)
+        block_mask = None if mask is None else np.broadcast_to(
+            mask, np.broadcast_shapes(np.shape(mask), Q.shape[:-1] + (K.shape[-2],)))[..., block]
+        total = total + mn.scaled_dot_product_attention(Q, K[..., block, :], V[..., block, :], block_mask)[0]
+    return total
+
+
+@mistake("chunked_attention", "keep the true running maximum, -inf while a row has no allowed key yet; "
+         "only the number you subtract may stand in as 0. A stored 0 makes exp(score - 0) underflow to 0 "
+         "when the real scores come later and are very negative")
+def chunked_max_reset_to_zero(Q, K, V, mask=None, chunk=256):
+    return _online_softmax(Q, K, V, mask, chunk, keep_true_max=False)

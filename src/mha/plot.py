@@ -124,3 +124,33 @@ def loss_curves(curves, *, ax=None, title="Training loss", logy=False):
         ax.plot(steps[: len(losses)], as_numpy(losses), label=label)
     ax.legend()
     return ax
+
+
+def head_score_grids(scores, *, ncols=3, size=3.6, vmax=1.0):
+    """One panel per named score of the heads of a model: scores = {name: array (S, h)}.
+
+    Rows are the S blocks (numbered from 1), columns the h heads (numbered
+    from 0); the best head of each panel is outlined in red. Returns the figure.
+    """
+    names = list(scores)
+    nrows = -(-len(names) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size * ncols, 0.62 * size * nrows + 0.4),
+                             squeeze=False, layout="constrained")
+    for ax, name in zip(axes.flat, names):
+        grid = as_numpy(scores[name])
+        if grid.ndim != 2:
+            raise ValueError(f"scores[{name!r}] must have shape (S, h), got {grid.shape}")
+        image = ax.imshow(grid, cmap="Blues", vmin=0, vmax=vmax)
+        S, h = grid.shape
+        ax.set_xticks(range(h))
+        ax.set_yticks(range(S), labels=range(1, S + 1))
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel("head")
+        ax.set_ylabel("block")
+        block, head = np.unravel_index(np.argmax(grid), grid.shape)
+        ax.add_patch(plt.Rectangle((head - 0.5, block - 0.5), 1, 1, fill=False, edgecolor="red", lw=2))
+        ax.set_title(f"{name} (best {grid.max():.2f})", fontsize=10)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes, shrink=0.6, label="score")
+    return fig

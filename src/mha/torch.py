@@ -48,6 +48,19 @@ def masked_softmax(scores, mask=None):
     return weights * has_any
 
 
+def masked_softmax_(scores, mask=None):
+    """`masked_softmax` written into `scores` itself, for when autograd is off.
+
+    Saves allocating a second (..., T_q, T_k) tensor, which at long T costs about as
+    much time as the softmax itself. `scores` must already have the full shape.
+    """
+    if mask is not None:
+        has_any = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+        scores.masked_fill_(~(mask | ~has_any), float("-inf"))
+    torch.softmax(scores, dim=-1, out=scores)
+    return scores if mask is None else scores.mul_(has_any)
+
+
 def scaled_dot_product_attention(Q, K, V, mask=None, dropout=0.0):
     """The explicit form: softmax(Q K^T / sqrt(d_k)) V, returning (out, weights).
 
@@ -60,10 +73,11 @@ def scaled_dot_product_attention(Q, K, V, mask=None, dropout=0.0):
     validate.check_same("K.shape[-2]", K.shape[-2], "V.shape[-2]", V.shape[-2], "numbers of keys and values")
     batch = validate.broadcast_batch("Q", Q.shape[:-2], "K", K.shape[:-2])
     validate.broadcast_batch("K and Q", batch, "V", V.shape[:-2])
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., T_q, T_k)
     if mask is not None:
-        check_mask_tensor(mask, scores.shape)
-    weights = masked_softmax(scores, mask)
+        check_mask_tensor(mask, (*batch, Q.shape[-2], K.shape[-2]))  # the scores' shape
+    Q, K, V = Q.contiguous(), K.contiguous(), V.contiguous()  # split heads are views: copy once, here
+    scores = (Q / math.sqrt(Q.shape[-1])) @ K.transpose(-2, -1)  # (..., T_q, T_k); scaling Q is cheaper
+    weights = masked_softmax(scores, mask) if scores.requires_grad else masked_softmax_(scores, mask)
     return F.dropout(weights, dropout) @ V, weights
 
 
@@ -99,6 +113,47 @@ def padding_mask(lengths, T):
     validate.check_lengths(lengths, is_integer, T, values)
     real = torch.arange(T, device=lengths.device) < lengths[:, None]  # (B, T)
     return real[:, None, None, :]  # (B, 1, 1, T)
+
+
+def with_causal(mask, T_q, T_k, device):
+    """`mask` (or None) and query i attends to keys 0..i, as `is_causal=True` in PyTorch."""
+    causal = torch.ones(T_q, T_k, dtype=torch.bool, device=device).tril()  # (T_q, T_k)
+    return causal if mask is None else mask & causal
+
+
+def chunked_attention(Q, K, V, mask=None, chunk=256):
+    """Twin of `mha.numpy.chunked_attention`: keys in blocks, online softmax, returns out only.
+
+    Never forms the (..., T_q, T_k) scores in the forward pass (autograd keeps each
+    block for the backward pass; FlashAttention recomputes them instead).
+    """
+    for name, a in (("Q", Q), ("K", K), ("V", V)):
+        check_tensor(name, a)
+    validate.check_same("Q.shape[-1]", Q.shape[-1], "K.shape[-1]", K.shape[-1], "query and key widths")
+    validate.check_same("K.shape[-2]", K.shape[-2], "V.shape[-2]", V.shape[-2], "numbers of keys and values")
+    batch = validate.broadcast_batch("Q", Q.shape[:-2], "K", K.shape[:-2])
+    batch = validate.broadcast_batch("K and Q", batch, "V", V.shape[:-2])
+    validate.check_int("chunk", chunk)
+    shape = (*batch, Q.shape[-2], K.shape[-2])  # (..., T_q, T_k): never allocated
+    if mask is not None:
+        check_mask_tensor(mask, shape)
+        mask = mask.expand(shape)  # a view
+    Q = Q / math.sqrt(Q.shape[-1])
+    row_max = Q.new_full((*shape[:-1], 1), float("-inf"))  # (..., T_q, 1)
+    row_sum = Q.new_zeros((*shape[:-1], 1))  # (..., T_q, 1)
+    acc = Q.new_zeros((*shape[:-1], V.shape[-1]))  # (..., T_q, d_v)
+    for start in range(0, shape[-1], chunk):
+        scores = Q @ K[..., start:start + chunk, :].transpose(-2, -1)  # (..., T_q, c)
+        if mask is not None:
+            scores = scores.masked_fill(~mask[..., start:start + chunk], float("-inf"))
+        new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
+        safe_max = torch.where(new_max.isfinite(), new_max, 0.0)  # no key allowed yet: avoid -inf - (-inf)
+        rescale = torch.exp(row_max - safe_max)  # (..., T_q, 1)
+        p = torch.exp(scores - safe_max)  # (..., T_q, c); 0 where masked
+        row_sum = row_sum * rescale + p.sum(dim=-1, keepdim=True)
+        acc = acc * rescale + p @ V[..., start:start + chunk, :]
+        row_max = new_max
+    return acc / torch.where(row_sum > 0, row_sum, 1.0)  # an empty row has acc = 0: stays 0
 
 
 def linear_weight(layer):
@@ -194,8 +249,11 @@ class MultiHeadAttentionLoop(nn.Module):
 class MultiHeadAttention(nn.Module):
     """Chapter 5: all heads in one projection each for Q, K, V, split logically.
 
-    forward(x, context=None, mask=None, return_weights=False) takes PyTorch's fused
-    kernel when weights are not asked for and the explicit form when they are.
+    forward(x, context=None, mask=None, return_weights=False, *, causal=False) takes
+    PyTorch's fused kernel when weights are not asked for and the explicit form when
+    they are. causal=True lets query i attend to keys 0..i only (on top of `mask`,
+    if any); without a mask it takes the kernel's own causal path, which never
+    builds the mask and skips the blocked half of the scores.
     """
 
     def __init__(self, d_model, n_heads, *, bias=True, dropout=0.0, device=None, dtype=None):
@@ -210,7 +268,7 @@ class MultiHeadAttention(nn.Module):
         self.W_v = nn.Linear(d_model, d_model, **options)
         self.W_o = nn.Linear(d_model, d_model, **options)
 
-    def forward(self, x, context=None, mask=None, return_weights=False):
+    def forward(self, x, context=None, mask=None, return_weights=False, *, causal=False):
         source = x if context is None else context
         check_tensor("x", x, self.d_model)
         check_tensor("context", source, self.d_model)
@@ -221,10 +279,13 @@ class MultiHeadAttention(nn.Module):
         k = split_heads(self.W_k(source), self.n_heads)  # (..., h, T_k, d_head)
         v = split_heads(self.W_v(source), self.n_heads)  # (..., h, T_k, d_head)
         dropout = self.dropout if self.training else 0.0
+        if causal and (return_weights or mask is not None):  # the explicit form needs the mask itself
+            mask = with_causal(mask, q.shape[-2], k.shape[-2], x.device)
+            causal = False
         if return_weights:
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
         out = self.W_o(merge_heads(out))  # (..., T_q, d_model)
         return (out, weights) if return_weights else out
 
@@ -261,10 +322,10 @@ class MultiHeadAttention(nn.Module):
         return params
 
 
-from mha.torch_blocks import Encoder, EncoderBlock, layer_norm  # noqa: E402  (they build on the above)
+from mha.torch_blocks import Decoder, DecoderBlock, Encoder, EncoderBlock, layer_norm  # noqa: E402  (they build on the above)
 
 __all__ = [
-    "scaled_dot_product_attention", "split_heads", "merge_heads", "causal_mask", "padding_mask",
-    "masked_softmax", "SymmetricAttention", "HeadAttention", "MultiHeadAttentionLoop",
-    "MultiHeadAttention", "EncoderBlock", "Encoder", "layer_norm",
+    "scaled_dot_product_attention", "chunked_attention", "split_heads", "merge_heads", "causal_mask",
+    "padding_mask", "masked_softmax", "SymmetricAttention", "HeadAttention", "MultiHeadAttentionLoop",
+    "MultiHeadAttention", "EncoderBlock", "Encoder", "DecoderBlock", "Decoder", "layer_norm",
 ]

@@ -1,0 +1,33 @@
+"""Benchmarks: is the course's code fast, and where does attention's cost come from?
+
+One command runs them all and prints every table (from the repository root):
+
+    python -m benchmarks                      # full size: several minutes on 2 cores
+    python -m benchmarks --tiny               # tiny sizes: seconds (what the tests run)
+    python -m benchmarks --save DIR           # also write DIR/<table>.csv and .json
+    python -m benchmarks --only mha,memory    # some tables only
+    make bench                                # = python -m benchmarks --save _build/benchmarks
+
+The modules, each also runnable alone (`python -m benchmarks.speed`):
+  speed     mha.torch vs PyTorch's layers (MultiheadAttention, TransformerEncoderLayer),
+            mha.numpy vs nn.MultiheadAttention, and the causal fast path
+  sweeps    the same ratio across T (128 ... 4096) and across h; the loop of heads
+            (chapter 4) against the fused form (chapter 5) in both backends
+  memory    peak memory of the T x T form against chunked attention, up to T = 16384,
+            one fresh process per measurement
+  gpu       the GPU run (bf16/fp16, long T, fused kernels); says so and exits 0
+            without a GPU. Not part of `python -m benchmarks`: run it on the GPU machine.
+
+How it measures (see harness.py): CPU, float32, one process; the candidates of a
+comparison alternate, warm-up rounds are dropped, times are medians, and a ratio
+is the median of the per-round ratios ours / PyTorch. These machines are shared
+and noisy, so the tables report ratios; absolute milliseconds are indicative only.
+Targets (CPU, B=8, T=512, d=512, h=8): MultiHeadAttention <= 1.05x
+nn.MultiheadAttention; EncoderBlock <= 1.10x nn.TransformerEncoderLayer; the NumPy
+reference <= 1.5x nn.MultiheadAttention.
+
+The book's chapter 8 reads the tables stored in benchmarks/results/ (written by
+`python -m benchmarks --save benchmarks/results`; every JSON file records the
+machine it came from), so that its pages do not change from run to run.
+Refresh them deliberately, then re-execute book/08_attention_at_scale.ipynb.
+"""

@@ -1,0 +1,199 @@
+"""Chapters run in Google Colab: proven here without Colab.
+
+The first code cell of every chapter (written by tools/colab_cell.py from
+_config.yml) installs the `mha` library when, and only when, it runs in Colab.
+Tested: the stored cells are exactly what the tool writes from _config.yml, the
+repository address is written nowhere else, the cell does nothing outside Colab,
+and, in a fresh virtual environment without `mha`, with a fake `google.colab`
+module and the install source pointed at a copy of this checkout, chapter 1
+runs top to bottom on the freshly installed library and leaves Colab's own
+packages (torch, NumPy, matplotlib, ...) as they were.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from IPython.core.inputtransformer2 import TransformerManager
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import colab_cell  # noqa: E402
+
+CHAPTERS = colab_cell.chapters()
+# What a fresh Colab-like environment gets: chapter 1's imports and a kernel.
+VENV_PACKAGES = ["numpy", "scipy", "matplotlib", "torch", "ipykernel"]
+
+
+def pins(names):
+    """The pinned `name==version` lines of requirements.txt for these names."""
+    lines = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
+    found = {line.split("==")[0].lower(): line for line in lines if "==" in line}
+    assert set(names) <= set(found), f"not pinned in requirements.txt: {set(names) - set(found)}"
+    return [found[n] for n in names]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.stem for c in CHAPTERS])
+def test_install_cell_is_first_and_as_the_tool_writes_it_from_config(chapter):
+    notebook = nbformat.read(chapter, as_version=4)
+    first = next((c for c in notebook.cells if c.cell_type == "code"), None)
+    assert first is not None and colab_cell.is_install_cell(first), \
+        f"{chapter.name}: no Colab install cell first; run `python tools/colab_cell.py {chapter.relative_to(ROOT)}`"
+    assert not colab_cell.apply(notebook, colab_cell.cell_source(packages=colab_cell.colab_packages(notebook))), \
+        f"{chapter.name}: the install cell differs from _config.yml's; run `python tools/colab_cell.py`"
+    assert first.outputs == [], f"{chapter.name}: the install cell printed something locally"
+    assert sum(colab_cell.is_install_cell(c) for c in notebook.cells) == 1
+
+
+def test_the_cell_follows_the_repository_setting(tmp_path):
+    url, branch = colab_cell.repository()
+    assert f'"git+{url}@{branch}"' in colab_cell.cell_source()
+    fork = tmp_path / "_config.yml"
+    text = (ROOT / "_config.yml").read_text()
+    fork.write_text(text.replace(url, "https://github.com/someone/fork").replace(f"branch: {branch}", "branch: dev"))
+    source = colab_cell.cell_source(fork)
+    assert '"git+https://github.com/someone/fork@dev"' in source and url not in source
+
+
+def test_repository_address_is_written_only_in_config():
+    url, _ = colab_cell.repository()
+    owner_repo = url.split("github.com/")[1].lower()
+    owner = owner_repo.split("/")[0]
+    needles = [owner_repo, f"{owner}.github.io"]
+    skip_dirs = {".git", ".venv", "_build", ".cache", ".pytest_cache", ".hypothesis", "_handout", "node_modules"}
+    offenders = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in skip_dirs and d != "__pycache__" and not d.endswith(".egg-info")]
+        offenders += [str(p.relative_to(ROOT)) for p in (Path(folder) / f for f in files) if mentions(p, needles)]
+    assert not offenders, f"the repository address is hard-coded outside _config.yml in {offenders}"
+
+
+def mentions(path, needles):
+    rel = path.relative_to(ROOT).as_posix()
+    if rel in ("_config.yml", "README.md") or path.suffix in (".png", ".jpg", ".pyc", ".whl"):
+        return False  # the setting itself; the README's link to the published book
+    if path.suffix == ".ipynb":
+        cells = nbformat.read(path, as_version=4).cells
+        text = "\n".join(c.source for c in cells if not colab_cell.is_install_cell(c))
+        text += "\n".join(json.dumps(c.get("outputs", [])) for c in cells)
+    else:
+        text = path.read_text(errors="ignore")
+    return any(n in text.lower() for n in needles)
+
+
+class FakeShell:
+    def __init__(self):
+        self.calls = []
+
+    def run_line_magic(self, name, line):
+        self.calls.append((name, line))
+
+
+def run_install_cell(monkeypatch, in_colab, source_override=None):
+    """Run the cell as IPython would, with a shell that records magics instead of running pip."""
+    code = TransformerManager().transform_cell(colab_cell.cell_source())
+    if in_colab:
+        monkeypatch.setitem(sys.modules, "google.colab", type(sys)("google.colab"))
+    else:
+        monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    if source_override:
+        monkeypatch.setenv("MHA_INSTALL_SOURCE", source_override)
+    else:
+        monkeypatch.delenv("MHA_INSTALL_SOURCE", raising=False)
+    shell = FakeShell()
+    namespace = {"get_ipython": lambda: shell}
+    exec(code, namespace)
+    return shell.calls, namespace
+
+
+def test_install_cell_does_nothing_outside_colab(monkeypatch, capsys):
+    calls, namespace = run_install_cell(monkeypatch, in_colab=False)
+    assert calls == [] and "source" not in namespace
+    assert capsys.readouterr() == ("", "")
+
+
+def test_install_cell_in_colab_installs_only_the_library(monkeypatch):
+    url, branch = colab_cell.repository()
+    calls, namespace = run_install_cell(monkeypatch, in_colab=True)
+    assert calls == [("pip", 'install --quiet --no-deps "{source}"')]  # IPython expands {source}
+    assert namespace["source"] == f"git+{url}@{branch}"
+    calls, namespace = run_install_cell(monkeypatch, in_colab=True, source_override="/some/checkout")
+    assert namespace["source"] == "/some/checkout"
+
+
+def make_fake_colab(folder):
+    """A `google.colab` module, imported at start-up by a sitecustomize on PYTHONPATH."""
+    (folder / "google" / "colab").mkdir(parents=True)
+    (folder / "google" / "__init__.py").write_text("")
+    (folder / "google" / "colab" / "__init__.py").write_text('"""Stands in for Colab in tests."""\n')
+    (folder / "sitecustomize.py").write_text("import google.colab  # noqa: F401, as in Colab\n")
+    return folder
+
+
+def copy_checkout(target):
+    """What `pip install` needs of this checkout: pyproject, README and src (without build debris)."""
+    target.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, target / name)
+    shutil.copytree(ROOT / "src", target / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    return target
+
+
+def pip_freeze(python):
+    out = subprocess.run([str(python), "-m", "pip", "freeze", "--all"], capture_output=True, text=True, check=True)
+    return set(out.stdout.split("\n")) - {""}
+
+
+def test_chapter_runs_in_a_fresh_colab_like_environment(tmp_path, monkeypatch):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    # --no-compile: byte-compiling torch's thousands of files would double the install time.
+    installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", *pins(VENV_PACKAGES)],
+                               capture_output=True, text=True, timeout=900)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    no_mha = subprocess.run([str(python), "-c", "import mha"], capture_output=True, text=True)
+    assert no_mha.returncode != 0 and "No module named 'mha'" in no_mha.stderr, "the fresh venv already sees mha"
+    before = pip_freeze(python)
+
+    fake = make_fake_colab(tmp_path / "fake_colab")
+    source = copy_checkout(tmp_path / "checkout")
+    kernel = tmp_path / "jupyter" / "kernels" / "colab-like"
+    kernel.mkdir(parents=True)
+    (kernel / "kernel.json").write_text(json.dumps({
+        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Colab-like", "language": "python",
+        "env": {"PYTHONPATH": str(fake), "MHA_INSTALL_SOURCE": str(source)},
+    }))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+
+    chapter = CHAPTERS[0]
+    notebook = nbformat.read(chapter, as_version=4)
+    notebook.cells.append(nbformat.v4.new_code_cell(
+        "import json, sys, mha\n"
+        "print(json.dumps({'mha': mha.__file__, 'colab': 'google.colab' in sys.modules}))"))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    NotebookClient(notebook, timeout=600, kernel_name="colab-like",
+                   resources={"metadata": {"path": str(workdir)}}).execute()  # raises on any error
+
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            assert not any(o.output_type == "error" for o in cell.outputs)
+    probe = json.loads(notebook.cells[-1].outputs[-1]["text"])
+    assert probe["colab"], "the fake google.colab module was not imported in the kernel"
+    assert Path(probe["mha"]).is_relative_to(venv), f"mha came from {probe['mha']}, not from the fresh install"
+    install_cell = next(c for c in notebook.cells if c.cell_type == "code")
+    assert colab_cell.is_install_cell(install_cell)
+    assert not re.search(r"error", " ".join(o.get("text", "") for o in install_cell.outputs), re.I)
+    added = pip_freeze(python) - before
+    removed = before - pip_freeze(python)
+    assert removed == set(), f"the install cell changed packages it must leave alone: {removed}"
+    assert [a.split(" ")[0].split("=")[0] for a in added] == ["mha"], f"installed more than mha: {added}"

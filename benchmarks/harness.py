@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import date
@@ -133,3 +134,14 @@ def is_number(text):
 def ms(seconds):
     """Milliseconds, rounded for a table."""
     return round(1e3 * seconds, 2)
+
+
+def run_tables(tables, size, only=None):
+    """Make every table of `tables` ({name: make(size)}), or only those named in `only`."""
+    return [make(size) for name, make in tables.items() if only is None or name in only]
+
+
+def print_tables(run):
+    """What `python -m benchmarks.<module> [--tiny]` does: print the module's tables."""
+    for table in run(tiny="--tiny" in sys.argv):
+        print(table.text(), end="\n\n")

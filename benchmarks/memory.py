@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness import Table
+from benchmarks.harness import Table, print_tables, run_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 2 ** 30
@@ -117,10 +117,8 @@ def memory_table(size):
 
 
 def run(tiny=False, only=None):
-    size = TINY if tiny else FULL
-    return [memory_table(size)] if only is None or "memory" in only else []
+    return run_tables({"memory": memory_table}, TINY if tiny else FULL, only)
 
 
 if __name__ == "__main__":
-    for table in run(tiny="--tiny" in sys.argv):
-        print(table.text(), end="\n\n")
+    print_tables(run)

@@ -15,7 +15,6 @@ layers take their fused "fast path"; forward+backward runs in training mode
 (dropout 0). A ratio is ours / PyTorch: below 1 means ours is faster.
 """
 
-import sys
 
 import numpy as np
 import torch
@@ -23,7 +22,7 @@ from torch import nn
 
 import mha.numpy as mnp
 import mha.torch as mt
-from benchmarks.harness import Table, compare, ms
+from benchmarks.harness import Table, compare, ms, print_tables, run_tables
 
 FULL = dict(B=8, T=512, d=512, h=8, d_ff=2048, rounds=21, warmup=3)
 TINY = dict(B=2, T=8, d=16, h=2, d_ff=32, rounds=3, warmup=1)
@@ -170,10 +169,8 @@ TABLES = {"mha": mha_table, "encoder": encoder_table, "numpy": numpy_table, "cau
 
 def run(tiny=False, only=None):
     """Every table of this module (or those named in `only`), in order."""
-    size = TINY if tiny else FULL
-    return [make(size) for name, make in TABLES.items() if only is None or name in only]
+    return run_tables(TABLES, TINY if tiny else FULL, only)
 
 
 if __name__ == "__main__":
-    for table in run(tiny="--tiny" in sys.argv):
-        print(table.text(), end="\n\n")
+    print_tables(run)

@@ -13,7 +13,6 @@ Tables:
                    backends, across h, at T = 512 and for short sequences (T = 32)
 """
 
-import sys
 
 import numpy as np
 import torch
@@ -21,7 +20,7 @@ from torch import nn
 
 import mha.numpy as mnp
 import mha.torch as mt
-from benchmarks.harness import Table, compare, ms
+from benchmarks.harness import Table, compare, ms, print_tables, run_tables
 from mha.counting import attention_multiply_adds
 
 FULL = dict(tokens=4096, Ts=(128, 256, 512, 1024, 2048, 4096), d=512, h=8, B=8, T=512,
@@ -129,10 +128,8 @@ TABLES = {"sweep_T": sweep_T_table, "sweep_h": sweep_h_table, "loop_vs_fused": l
 
 
 def run(tiny=False, only=None):
-    size = TINY if tiny else FULL
-    return [make(size) for name, make in TABLES.items() if only is None or name in only]
+    return run_tables(TABLES, TINY if tiny else FULL, only)
 
 
 if __name__ == "__main__":
-    for table in run(tiny="--tiny" in sys.argv):
-        print(table.text(), end="\n\n")
+    print_tables(run)

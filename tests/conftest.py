@@ -60,6 +60,15 @@ def seed_torch():
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: one thread is fastest and gives the same sums on every run."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def make_mask(kind, batch, T_q, T_k, rng):
     """A boolean mask (True = may attend) of the given kind, or None."""
     if kind == "none":

@@ -13,13 +13,7 @@ from mha.tasks import train
 TASK = TwoRelationTask(T=8, n_symbols=8, d_value=4)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is fastest and gives the same sums every run."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_every_symbol_appears_twice_and_the_targets_are_the_two_relations():
@@ -71,7 +65,7 @@ def trained(n_heads=2, identical=False, d_head=None, steps=400, seed=0):
 
 
 @pytest.fixture(scope="module")
-def test_batch():
+def held_out():
     return TASK.batch(512, torch.Generator().manual_seed(123))
 
 
@@ -80,8 +74,8 @@ def specialised():
     return trained()[0]
 
 
-def test_identical_heads_stay_exactly_identical_and_learn_one_relation_only(test_batch):
-    X, Y, _ = test_batch
+def test_identical_heads_stay_exactly_identical_and_learn_one_relation_only(held_out):
+    X, Y, _ = held_out
     twin, _ = trained(identical=True, steps=150)
     assert head_difference(twin) == 0.0
     with torch.no_grad():
@@ -89,8 +83,8 @@ def test_identical_heads_stay_exactly_identical_and_learn_one_relation_only(test
     assert max(previous, partner) > 0.5, "two copies of one head cannot fetch both values"
 
 
-def test_random_heads_split_the_two_relations(specialised, test_batch):
-    X, Y, symbols = test_batch
+def test_random_heads_split_the_two_relations(specialised, held_out):
+    X, Y, symbols = held_out
     assert head_difference(specialised) > 1
     with torch.no_grad():
         _, weights = specialised(X, return_weights=True)
@@ -101,8 +95,8 @@ def test_random_heads_split_the_two_relations(specialised, test_batch):
     assert previous.max() > 0.9 and partner.max() > 0.9
 
 
-def test_knocking_out_a_head_removes_exactly_its_relation(specialised, test_batch):
-    X, Y, symbols = test_batch
+def test_knocking_out_a_head_removes_exactly_its_relation(specialised, held_out):
+    X, Y, symbols = held_out
     with torch.no_grad():
         _, weights = specialised(X, return_weights=True)
         previous_head = int(mn.attention_at_offset(weights.numpy(), -1).mean(axis=0).argmax())
@@ -133,8 +127,8 @@ def test_knock_out_mask_refuses_a_head_that_does_not_exist():
         knock_out_mask(4, 4)
 
 
-def test_wide_heads_learn_the_task_faster_than_narrow_ones(test_batch):
-    X, Y, _ = test_batch
+def test_wide_heads_learn_the_task_faster_than_narrow_ones(held_out):
+    X, Y, _ = held_out
     final = {}
     for kind, d_head in (("narrow", None), ("wide", TASK.d_in)):
         model, _ = trained(n_heads=4, d_head=d_head, steps=250)

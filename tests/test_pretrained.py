@@ -17,12 +17,7 @@ SENTENCE = "I am going to deposit my money at the bank"
 TOLERANCE = 1e-4  # float32, six blocks of d = 384
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,5 @@
 """mha.tasks: the toy sentence, the previous-token task and the training loop."""
 
-import functools
-
 import numpy as np
 import pytest
 import torch
@@ -14,13 +12,7 @@ T, D_TOKEN = 10, 8
 D = D_TOKEN + T  # token features plus a one-hot position code
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The models are tiny: one thread is fastest and gives the same sums every run."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_batch(generator):

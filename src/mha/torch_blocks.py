@@ -93,6 +93,19 @@ class EncoderBlock(nn.Module):
         return params
 
 
+def copy_stack(cls, stack, torch_type, block_type):
+    """Our `cls` (Encoder or Decoder) holding copies of a PyTorch stack's layers."""
+    if not isinstance(stack, torch_type):
+        raise TypeError(f"expected a torch.nn.{torch_type.__name__}, got {type(stack).__name__}")
+    if stack.norm is not None:
+        raise ValueError(f"nn.{torch_type.__name__} with a final norm cannot be copied: "
+                         f"{cls.__name__} has no final LayerNorm")
+    ours = cls.__new__(cls)
+    nn.Module.__init__(ours)
+    ours.layers = nn.ModuleList(block_type.from_torch(layer) for layer in stack.layers)
+    return ours.train(stack.training)
+
+
 class Encoder(nn.Module):
     """A stack of `n_layers` encoder blocks with the same options."""
 
@@ -113,17 +126,7 @@ class Encoder(nn.Module):
     @classmethod
     def from_torch(cls, encoder):
         """A copy of a `torch.nn.TransformerEncoder` (without a final norm)."""
-        if not isinstance(encoder, nn.TransformerEncoder):
-            raise TypeError(f"expected a torch.nn.TransformerEncoder, got {type(encoder).__name__}")
-        if encoder.norm is not None:
-            raise ValueError("nn.TransformerEncoder with a final norm cannot be copied: "
-                             "Encoder has no final LayerNorm")
-        blocks = [EncoderBlock.from_torch(layer) for layer in encoder.layers]
-        first = blocks[0]
-        ours = cls(1, first.d_model, first.attention.n_heads, first.linear_1.out_features,
-                   device=first.linear_1.weight.device, dtype=first.linear_1.weight.dtype)
-        ours.layers = nn.ModuleList(blocks)
-        return ours.train(encoder.training)
+        return copy_stack(cls, encoder, nn.TransformerEncoder, EncoderBlock)
 
     def numpy_params(self):
         """A list with one `mha.numpy.encoder_block` parameter dict per block."""
@@ -271,17 +274,7 @@ class Decoder(nn.Module):
     @classmethod
     def from_torch(cls, decoder):
         """A copy of a `torch.nn.TransformerDecoder` (without a final norm)."""
-        if not isinstance(decoder, nn.TransformerDecoder):
-            raise TypeError(f"expected a torch.nn.TransformerDecoder, got {type(decoder).__name__}")
-        if decoder.norm is not None:
-            raise ValueError("nn.TransformerDecoder with a final norm cannot be copied: "
-                             "Decoder has no final LayerNorm")
-        blocks = [DecoderBlock.from_torch(layer) for layer in decoder.layers]
-        first = blocks[0]
-        ours = cls(1, first.d_model, first.self_attention.n_heads, first.linear_1.out_features,
-                   device=first.linear_1.weight.device, dtype=first.linear_1.weight.dtype)
-        ours.layers = nn.ModuleList(blocks)
-        return ours.train(decoder.training)
+        return copy_stack(cls, decoder, nn.TransformerDecoder, DecoderBlock)
 
     def numpy_params(self):
         """A list with one `mha.numpy.decoder_block` parameter dict per block."""

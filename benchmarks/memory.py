@@ -36,8 +36,9 @@ FORMS = {"full": "T x T (NumPy)", "chunked": "chunked (NumPy)", "torch": "fused 
 
 
 def predicted_full_bytes(T, h):
-    """The T x T form holds about three (h, T, T) float32 arrays at its peak."""
-    return 3 * h * T * T * 4
+    """The T x T form holds one (h, T, T) float32 array at its peak: the scores,
+    which the softmax overwrites in place and which are returned as the weights."""
+    return h * T * T * 4
 
 
 def peak_resident_bytes():

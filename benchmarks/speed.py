@@ -24,7 +24,7 @@ import mha.numpy as mnp
 import mha.torch as mt
 from benchmarks.harness import Table, compare, ms, print_tables, run_tables
 
-FULL = dict(B=8, T=512, d=512, h=8, d_ff=2048, rounds=21, warmup=3)
+FULL = dict(B=8, T=512, d=512, h=8, d_ff=2048, rounds=31, warmup=3)
 TINY = dict(B=2, T=8, d=16, h=2, d_ff=32, rounds=3, warmup=1)
 COLUMNS = ["comparison", "ours (ms)", "PyTorch (ms)", "ratio", "target", "met"]
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import mha.numpy as mn
+import mha.torch as mt
 from conftest import assert_close
 
 
@@ -25,6 +26,45 @@ def test_softmax_axis_is_respected():
     x = np.array([[0.0, math.log(3.0)], [0.0, 0.0]])
     assert_close(mn.softmax(x, axis=0), [[0.5, 0.75], [0.5, 0.25]])
     assert_close(mn.softmax(x, axis=-1), [[0.25, 0.75], [0.5, 0.5]])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_masked_softmax_in_place_equals_the_plain_one(rng, dtype, with_mask):
+    scores = (3 * rng.standard_normal((2, 3, 4, 5))).astype(dtype)  # (B, h, T_q, T_k)
+    mask = rng.random((4, 5)) < 0.5 if with_mask else None  # broadcast over B and h
+    if with_mask:
+        mask[1] = False  # query 1 may attend to nothing: zeros, not NaN
+    expected = mn.masked_softmax(scores, mask)
+    owned = scores.copy()
+    weights = mn.masked_softmax_(owned, mask)
+    assert weights is owned and weights.dtype == dtype
+    assert_close(weights, expected, dtype)
+    owned_tensor = torch.from_numpy(scores.copy())  # the PyTorch twin does the same
+    twin = mt.masked_softmax_(owned_tensor, None if mask is None else torch.from_numpy(mask))
+    assert twin is owned_tensor
+    assert_close(twin, expected, dtype)
+    if with_mask:
+        assert not weights[..., 1, :].any() and not weights[..., ~mask].any()
+        assert_close(weights.sum(axis=-1)[..., [0, 2, 3]], np.ones((2, 3, 3)), dtype)
+
+
+def test_sdpa_leaves_its_inputs_unchanged(rng):
+    Q, K, V = (rng.standard_normal((2, 4, 3)) for _ in range(3))
+    copies = [a.copy() for a in (Q, K, V)]
+    mn.scaled_dot_product_attention(Q, K, V, mn.causal_mask(4))
+    for a, before in zip((Q, K, V), copies):
+        np.testing.assert_array_equal(a, before)
+
+
+def test_bias_added_in_place_keeps_float32(rng):
+    X = rng.standard_normal((2, 4, 6)).astype(np.float32)
+    W = rng.standard_normal((6, 6)).astype(np.float32)
+    b = rng.standard_normal(6)  # float64 biases do not promote float32 activations
+    out, weights = mn.multihead_attention(X, W, W, W, W, 2, b_q=b, b_k=b, b_v=b, b_o=b)
+    assert out.dtype == weights.dtype == np.float32
+    expected, _ = mn.multihead_attention(X.astype(np.float64), W, W, W, W, 2, b_q=b, b_k=b, b_v=b, b_o=b)
+    assert_close(out, expected, np.float32)
 
 
 def test_self_attention_by_hand():

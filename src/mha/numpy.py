@@ -49,6 +49,22 @@ def masked_softmax(scores, mask=None):
     return weights * has_any
 
 
+def masked_softmax_(scores, mask=None):
+    """`masked_softmax` written into `scores` itself, for arrays the caller owns.
+
+    Each step of `softmax` overwrites `scores` instead of allocating a new
+    (..., T_q, T_k) array: at T = 512 a fresh array of that size costs about as
+    much time as one step. `scores` must be floating point and have the full shape.
+    """
+    if mask is not None:
+        has_any = mask.any(axis=-1, keepdims=True)  # (..., T_q, 1)
+        np.copyto(scores, -np.inf, where=~(mask | ~has_any))  # an empty row keeps everything
+    scores -= scores.max(axis=-1, keepdims=True)  # the largest entry becomes 0, and exp(0) = 1
+    np.exp(scores, out=scores)
+    scores *= 1 / scores.sum(axis=-1, keepdims=True)  # one division per row, not per entry
+    return scores if mask is None else np.multiply(scores, has_any, out=scores)
+
+
 def self_attention(X, exclude_self=False):
     """Each output is a softmax-weighted average of the inputs.
 
@@ -93,11 +109,11 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
     validate.check_same("K.shape[-2]", K.shape[-2], "V.shape[-2]", V.shape[-2], "numbers of keys and values")
     batch = validate.broadcast_batch("Q", Q.shape[:-2], "K", K.shape[:-2])
     validate.broadcast_batch("K and Q", batch, "V", V.shape[:-2])
-    scores = Q @ transpose(K) / math.sqrt(Q.shape[-1])  # (..., T_q, T_k)
+    scores = (Q / math.sqrt(Q.shape[-1])) @ transpose(K)  # (..., T_q, T_k); scaling Q is cheaper
     if mask is not None:
         mask = np.asarray(mask)
         validate.check_mask(mask.shape, mask.dtype == bool, scores.shape, mask.dtype)
-    weights = masked_softmax(scores, mask)
+    weights = masked_softmax_(scores, mask)  # scores is ours: softmax it in place
     return weights @ V, weights
 
 
@@ -187,7 +203,7 @@ def project(name, x, W, b, input_name):
     if b is not None:
         b = as_float_array("b" + name[1:], b)
         validate.check_vector("b" + name[1:], b, W.shape[1])
-        out = out + b
+        out += b  # in place: no second (..., T, d_out) array
     return out
 
 

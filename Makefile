@@ -61,8 +61,8 @@ handout: $(STAMP)
 
 # Benchmarks against PyTorch, speed and memory (several minutes on 2 cores; see
 # benchmarks/__init__.py). Prints every table and writes it to _build/benchmarks/
-# as CSV and JSON. Chapter 8 reads the stored copy in benchmarks/results/; refresh
-# that deliberately: $(BIN)/python -m benchmarks --save benchmarks/results
+# as CSV and JSON. Chapter 8 reads the stored copy in src/mha/benchmark_results/;
+# refresh that deliberately: $(BIN)/python -m benchmarks --save src/mha/benchmark_results
 .PHONY: bench
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks --save _build/benchmarks

@@ -26,8 +26,9 @@ Targets (CPU, B=8, T=512, d=512, h=8): MultiHeadAttention <= 1.05x
 nn.MultiheadAttention; EncoderBlock <= 1.10x nn.TransformerEncoderLayer; the NumPy
 reference <= 1.5x nn.MultiheadAttention.
 
-The book's chapter 8 reads the tables stored in benchmarks/results/ (written by
-`python -m benchmarks --save benchmarks/results`; every JSON file records the
-machine it came from), so that its pages do not change from run to run.
+The book's chapter 8 reads the tables stored in src/mha/benchmark_results/ (written
+by `python -m benchmarks --save src/mha/benchmark_results`; every JSON file records
+the machine it came from), so that its pages do not change from run to run; they
+ship inside the library, so the chapter runs in Colab too.
 Refresh them deliberately, then re-execute book/08_attention_at_scale.ipynb.
 """

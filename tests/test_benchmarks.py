@@ -13,12 +13,13 @@ import torch
 
 import mha.numpy as mnp
 import mha.torch as mt
+from mha import benchmark_results
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the repository, not an installed package
 from benchmarks import gpu, harness, memory, speed, sweeps  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = ROOT / "src" / "mha" / "benchmark_results"
 STORED = ["mha_vs_pytorch", "encoder_vs_pytorch", "numpy_vs_pytorch", "causal", "sweep_T", "sweep_h",
           "loop_vs_fused", "memory"]
 
@@ -178,3 +179,14 @@ def test_stored_results_are_complete_and_say_where_they_came_from():
     rows = json.loads((RESULTS / "memory.json").read_text())["rows"]
     chunked = [r for r in rows if r["form"] == "chunked (NumPy)"]
     assert max(r["T"] for r in chunked) == 16384
+
+
+def test_the_library_loads_its_stored_tables():
+    assert benchmark_results.names() == sorted(STORED)
+    for name in STORED:
+        assert benchmark_results.load(name) == json.loads((RESULTS / f"{name}.json").read_text())
+    with pytest.raises(ValueError, match=r"no stored benchmark table named 'memroy'; stored: causal, "):
+        benchmark_results.load("memroy")
+    with pytest.raises(TypeError, match="name must be a table name"):
+        benchmark_results.load(3)
+

@@ -5,8 +5,9 @@ _config.yml) installs the `mha` library when, and only when, it runs in Colab.
 Tested: the stored cells are exactly what the tool writes from _config.yml, the
 repository address is written nowhere else, the cell does nothing outside Colab,
 and, in a fresh virtual environment without `mha`, with a fake `google.colab`
-module and the install source pointed at a copy of this checkout, chapter 1
-runs top to bottom on the freshly installed library and leaves Colab's own
+module and the install source pointed at a copy of this checkout, chapters 1
+and 8 (which reads the benchmark tables stored in the library) run top to bottom
+on the freshly installed library and leave Colab's own
 packages (torch, NumPy, matplotlib, ...) as they were.
 """
 
@@ -16,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import nbformat
@@ -28,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import colab_cell  # noqa: E402
 
 CHAPTERS = colab_cell.chapters()
-# What a fresh Colab-like environment gets: chapter 1's imports and a kernel.
+# What a fresh Colab-like environment gets: the chapters' imports and a kernel.
 VENV_PACKAGES = ["numpy", "scipy", "matplotlib", "torch", "ipykernel"]
 
 
@@ -146,12 +148,26 @@ def copy_checkout(target):
     return target
 
 
+def test_the_stored_benchmark_tables_ship_in_the_wheel(tmp_path):
+    """Chapter 8 reads them in Colab, where mha is pip-installed without the repository."""
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp_path),
+                            str(copy_checkout(tmp_path / "checkout"))], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    wheel, = tmp_path.glob("mha-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = set(archive.namelist())
+    stored = sorted(p.name for p in (ROOT / "src" / "mha" / "benchmark_results").glob("*.json"))
+    assert len(stored) >= 8
+    for name in stored:
+        assert f"mha/benchmark_results/{name}" in shipped
+
+
 def pip_freeze(python):
     out = subprocess.run([str(python), "-m", "pip", "freeze", "--all"], capture_output=True, text=True, check=True)
     return set(out.stdout.split("\n")) - {""}
 
 
-def test_chapter_runs_in_a_fresh_colab_like_environment(tmp_path, monkeypatch):
+def test_chapters_run_in_a_fresh_colab_like_environment(tmp_path, monkeypatch):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -174,25 +190,26 @@ def test_chapter_runs_in_a_fresh_colab_like_environment(tmp_path, monkeypatch):
     }))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
 
-    chapter = CHAPTERS[0]
-    notebook = nbformat.read(chapter, as_version=4)
-    notebook.cells.append(nbformat.v4.new_code_cell(
-        "import json, sys, mha\n"
-        "print(json.dumps({'mha': mha.__file__, 'colab': 'google.colab' in sys.modules}))"))
-    workdir = tmp_path / "work"
+    workdir = tmp_path / "work"  # as in Colab: no copy of the repository around the notebook
     workdir.mkdir()
-    NotebookClient(notebook, timeout=600, kernel_name="colab-like",
-                   resources={"metadata": {"path": str(workdir)}}).execute()  # raises on any error
+    # Chapter 1, and chapter 8, which reads the benchmark tables stored inside the library.
+    for chapter in (CHAPTERS[0], next(c for c in CHAPTERS if c.name.startswith("08_"))):
+        notebook = nbformat.read(chapter, as_version=4)
+        notebook.cells.append(nbformat.v4.new_code_cell(
+            "import json, sys, mha\n"
+            "print(json.dumps({'mha': mha.__file__, 'colab': 'google.colab' in sys.modules}))"))
+        NotebookClient(notebook, timeout=600, kernel_name="colab-like",
+                       resources={"metadata": {"path": str(workdir)}}).execute()  # raises on any error
 
-    for cell in notebook.cells:
-        if cell.cell_type == "code":
-            assert not any(o.output_type == "error" for o in cell.outputs)
-    probe = json.loads(notebook.cells[-1].outputs[-1]["text"])
-    assert probe["colab"], "the fake google.colab module was not imported in the kernel"
-    assert Path(probe["mha"]).is_relative_to(venv), f"mha came from {probe['mha']}, not from the fresh install"
-    install_cell = next(c for c in notebook.cells if c.cell_type == "code")
-    assert colab_cell.is_install_cell(install_cell)
-    assert not re.search(r"error", " ".join(o.get("text", "") for o in install_cell.outputs), re.I)
+        for cell in notebook.cells:
+            if cell.cell_type == "code":
+                assert not any(o.output_type == "error" for o in cell.outputs)
+        probe = json.loads(notebook.cells[-1].outputs[-1]["text"])
+        assert probe["colab"], "the fake google.colab module was not imported in the kernel"
+        assert Path(probe["mha"]).is_relative_to(venv), f"mha came from {probe['mha']}, not from the fresh install"
+        install_cell = next(c for c in notebook.cells if c.cell_type == "code")
+        assert colab_cell.is_install_cell(install_cell)
+        assert not re.search(r"error", " ".join(o.get("text", "") for o in install_cell.outputs), re.I)
     added = pip_freeze(python) - before
     removed = before - pip_freeze(python)
     assert removed == set(), f"the install cell changed packages it must leave alone: {removed}"

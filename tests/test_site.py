@@ -95,12 +95,18 @@ def browser():
         chromium.close()
 
 
+PAGE_TIMEOUT_MS = 180_000
+
+
 class Visit:
     """One page opened in a fresh browser context, with everything that went wrong recorded."""
 
     def __init__(self, browser, base, page, viewport=DESKTOP, color_scheme="light"):
         self.errors, self.external, self.failed = [], [], []
         self.context = browser.new_context(viewport=viewport, color_scheme=color_scheme)
+        # Generous: under `pytest -n 2` the other worker keeps both cores busy, and a long
+        # chapter's formulas and figures then take far longer than the default 30 s to settle.
+        self.context.set_default_timeout(PAGE_TIMEOUT_MS)
         self.context.route("**/*", functools.partial(self.route, base))
         self.page = self.context.new_page()
         self.page.on("pageerror", lambda error: self.errors.append(f"uncaught: {error}"))
@@ -127,7 +133,7 @@ class Visit:
         """Wait until the theme's transitions (sidebars sliding, colours fading) have ended."""
         self.page.wait_for_timeout(50)
         self.page.wait_for_function("() => document.getAnimations().every(a => a.playState !== 'running')",
-                                    timeout=5000)
+                                    timeout=30_000)
 
     def close(self):
         self.context.close()
@@ -223,14 +229,14 @@ def dark_mode_facts(visit, chapter):
     figures = visit.page.locator("article figure img")
     shown = [figures.nth(i).is_visible() for i in range(figures.count())]
     visit.page.emulate_media(color_scheme="dark")
-    visit.page.wait_for_function("() => document.documentElement.dataset.theme === 'dark'", timeout=5000)
+    visit.page.wait_for_function("() => document.documentElement.dataset.theme === 'dark'", timeout=30_000)
     visit.settle()
     looks = []
     for i in range(figures.count()):
         if shown[i]:
             image = figures.nth(i)
             visible = image.is_visible()
-            looks.append({"visible": visible, "grey": luminance(image.screenshot(timeout=10_000)) if visible else (0, 0)})
+            looks.append({"visible": visible, "grey": luminance(image.screenshot(timeout=60_000)) if visible else (0, 0)})
     if chapter == CHAPTERS[0] and figures.count():
         figures.first.scroll_into_view_if_needed()
         visit.page.screenshot(path=str(SCREENSHOTS / f"dark_{chapter}.png"))
@@ -349,7 +355,7 @@ def test_search_finds_softmax(browser, server):
     visit = Visit(browser, server, "search.html?q=softmax")
     try:
         visit.page.wait_for_function(
-            "() => /found \\d+ page/.test(document.querySelector('#search-results')?.innerText)", timeout=20_000)
+            "() => /found \\d+ page/.test(document.querySelector('#search-results')?.innerText)", timeout=60_000)
         hits = visit.page.eval_on_selector_all("#search-results ul.search li a", "links => links.map(a => a.href)")
     finally:
         visit.close()

@@ -59,12 +59,26 @@ def solution_lines(path):
         stub = set(make_handout.stub_for(code).splitlines())
         pieces += [line for line in code.splitlines()
                    if line not in stub and not re.match(r"\s*(import|from) \S+", line)]
-    for cell in cells:
-        if cell.cell_type == "markdown":
-            for block in make_handout.SOLUTION_BLOCK.finditer(cell.source):
-                body = " ".join(line for line in block.group(0).splitlines()[1:-1] if not line.startswith(":"))
-                pieces += [sentence for sentence in re.split(r"(?<=[.!?])\s+", body) if len(sentence) >= 30]
+    for body in prose_solutions(cells):
+        pieces += [sentence for sentence in re.split(r"(?<=[.!?])\s+", body) if len(sentence) >= 30]
     return [normal(piece) for piece in pieces if len(normal(piece)) >= 12]
+
+
+def prose_solutions(cells):
+    """The explanations of the solutions: Markdown cells between a {solution-start} and
+    its {solution-end}, and the bodies of {solution} directive blocks."""
+    bodies, inside = [], False
+    for cell in cells:
+        if cell.cell_type != "markdown":
+            continue
+        if re.match(r":{3,}\{solution-(start|end)\}", cell.source):
+            inside = "{solution-start}" in cell.source
+        elif inside:
+            bodies.append(cell.source)
+        else:
+            bodies += [" ".join(line for line in block.group(0).splitlines()[1:-1] if not line.startswith(":"))
+                       for block in make_handout.SOLUTION_BLOCK.finditer(cell.source)]
+    return bodies
 
 
 def normal(text):
@@ -99,6 +113,10 @@ def test_chapter_has_four_exercises_of_the_three_kinds(chapter):
     assert {kind for _, kind, _ in found} == KINDS, f"{chapter.name}: kinds {found}"
     assert len(code_solutions(chapter)) >= 1
     assert solution_lines(chapter), f"{chapter.name}: no solution text found"
+    cells = nbformat.read(chapter, as_version=4).cells
+    explained = len(prose_solutions(cells))
+    assert explained >= sum(kind != "Implement" for _, kind, _ in found), \
+        f"{chapter.name}: a Predict or Experiment exercise without a written explanation"
 
 
 def test_instructor_page_lists_every_exercise():

@@ -11,9 +11,10 @@ Writes, under OUTPUT_DIR (default `_handout/`):
 
 How a chapter marks its exercises (see the instructors' page of the book):
   - an `{exercise}` directive (colon fence) states the task;
-  - a code solution sits between a `{solution-start}` and a `{solution-end}`
-    Markdown cell; each function defined there becomes a stub;
-  - a prose solution is a `{solution}` directive block in a Markdown cell.
+  - a solution sits between a `{solution-start}` and a `{solution-end}` Markdown
+    cell: its code cells, then the Markdown cells that explain it, all in one
+    dropdown; each function defined there becomes a stub;
+  - a solution without code may instead be a `{solution}` directive block.
 """
 
 import ast

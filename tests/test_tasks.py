@@ -116,3 +116,21 @@ def test_symmetric_scores_cannot_favour_the_previous_token_on_average():
         E = rng.standard_normal((T, 4)) * rng.uniform(0.1, 3, size=(T, 1))  # X W, any norms
         S = E @ E.T
         assert np.trace(np.roll(S, 1, axis=1)) <= np.trace(S) + 1e-12
+
+
+def test_role_vectors_put_each_role_in_its_column():
+    X = tasks.role_vectors(["deposit", "my", "where"])
+    column = {name: i for i, name in enumerate(tasks.ROLE_FEATURES)}
+    assert X.shape == (3, len(tasks.ROLE_FEATURES)) == (3, 8)
+    assert X[0, column["verb"]] == X[0, column["action"]] == 1.0 and X[0].sum() == 2.0
+    assert X[1, column["person"]] == 1.0 and X[1, column["function"]] == 0.5 and X[1].sum() == 1.5
+    assert X[2, column["place"]] == 1.0 and X[2, column["function"]] == 0.5 and X[2].sum() == 1.5
+    assert set(tasks.SENTENCE) <= set(tasks.ROLES)
+    assert all(set(roles) <= set(tasks.ROLE_FEATURES) for roles in tasks.ROLES.values())
+
+
+def test_role_vectors_name_a_word_without_roles_and_refuse_a_string():
+    with pytest.raises(ValueError, match=r"no roles for \['cat'\]; known words: I, am"):
+        tasks.role_vectors(["I", "cat"])
+    with pytest.raises(TypeError, match="split it first"):
+        tasks.role_vectors("where is my money")

@@ -1,6 +1,8 @@
 """Toy inputs and tiny training tasks for the early chapters.
 
 - `sentence_features`: hand-made word vectors for the course's example sentence.
+- `role_vectors`: the words' roles (subject, verb, object, ...) as vectors, for
+  the heads planted by hand in chapters 3 and 4.
 - `add_positions`, `previous_token_batch`: random sequences whose target is each
   token's predecessor, a relation that depends on order and is not symmetric.
 - `train`: a small, seeded training loop (Adam, mean squared error).
@@ -40,6 +42,37 @@ def sentence_features(scale=2.0):
     """
     X = scale * np.array([FEATURE_TABLE[word] for word in SENTENCE])  # (T, d)
     return list(SENTENCE), X
+
+
+# Chapters 3 and 4: the role each word plays, as if an earlier layer had worked it
+# out. A word has the features listed for it and 0 for the others; "where" and
+# "is" come from the question that chapter 3 asks of the sentence.
+ROLE_FEATURES = ("person", "subject", "verb", "action", "noun", "place", "object", "function")
+ROLES = {
+    "I":       dict(person=1, subject=1),
+    "am":      dict(verb=0.5, function=0.5),
+    "going":   dict(verb=1),
+    "to":      dict(function=1),
+    "deposit": dict(verb=1, action=1),
+    "my":      dict(person=1, function=0.5),
+    "money":   dict(noun=1, object=1),
+    "at":      dict(function=1),
+    "the":     dict(function=1),
+    "bank":    dict(noun=1, place=1),
+    "where":   dict(place=1, function=0.5),
+    "is":      dict(verb=0.5, function=0.5),
+}
+
+
+def role_vectors(words):
+    """The role vectors of `words` from ROLES: shape (T, d) = (len(words), 8), one
+    column per entry of ROLE_FEATURES."""
+    if isinstance(words, str):
+        raise TypeError(f"words must be a list of words, got the string {words!r}: split it first")
+    unknown = [w for w in words if w not in ROLES]
+    if unknown:
+        raise ValueError(f"no roles for {unknown}; known words: {', '.join(ROLES)}")
+    return np.array([[ROLES[w].get(f, 0.0) for f in ROLE_FEATURES] for w in words])  # (T, d)
 
 
 def add_positions(tokens):

@@ -47,7 +47,8 @@ def sentence_features(scale=2.0):
 # Chapters 3 and 4: the role each word plays, as if an earlier layer had worked it
 # out. A word has the features listed for it and 0 for the others; "where" and
 # "is" come from the question that chapter 3 asks of the sentence.
-ROLE_FEATURES = ("person", "subject", "verb", "action", "noun", "place", "object", "function")
+ROLE_FEATURES = ("person", "subject", "verb", "action",
+                 "noun", "place", "object", "function")
 ROLES = {
     "I":       dict(person=1, subject=1),
     "am":      dict(verb=0.5, function=0.5),

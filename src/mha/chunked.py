@@ -24,7 +24,6 @@ import math
 import numpy as np
 
 from mha import validate
-from mha.numpy import as_float_array, transpose
 
 
 def check_attention_inputs(Q, K, V, mask, chunk):
@@ -75,3 +74,8 @@ def chunked_attention(Q, K, V, mask=None, chunk=256):
         acc = acc * rescale + p @ V[..., block, :]
         row_max = new_max
     return np.divide(acc, row_sum, out=np.zeros_like(acc), where=row_sum > 0)  # empty rows stay 0
+
+
+# Imported last, not first: mha.numpy imports this module at its own end, so either of
+# the two can be imported first (the functions above look these names up when called).
+from mha.numpy import as_float_array, transpose  # noqa: E402

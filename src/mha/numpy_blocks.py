@@ -11,7 +11,6 @@ import numpy as np
 from scipy.special import erf
 
 from mha import validate
-from mha.numpy import as_float_array, attention_shape, causal_mask, multihead_attention, project
 
 
 def layer_norm(X, gamma, beta, eps=1e-5):
@@ -213,3 +212,8 @@ def decoder(X, memory, layers, n_heads, *, self_mask=None, memory_mask=None, cau
                                    activation=activation, **params)
         all_weights.append(weights)
     return X, all_weights
+
+
+# Imported last, not first: mha.numpy imports this module at its own end, so either of
+# the two can be imported first (the functions above look these names up when called).
+from mha.numpy import as_float_array, attention_shape, causal_mask, multihead_attention, project  # noqa: E402

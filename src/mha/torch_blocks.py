@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from mha import validate
-from mha.torch import MultiHeadAttention, causal_mask, check_tensor, linear_bias, linear_weight
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
@@ -279,3 +278,8 @@ class Decoder(nn.Module):
     def numpy_params(self):
         """A list with one `mha.numpy.decoder_block` parameter dict per block."""
         return [layer.numpy_params() for layer in self.layers]
+
+
+# Imported last, not first: mha.torch imports this module at its own end, so either of
+# the two can be imported first (the functions above look these names up when called).
+from mha.torch import MultiHeadAttention, causal_mask, check_tensor, linear_bias, linear_weight  # noqa: E402

@@ -1,4 +1,6 @@
-"""Shared helpers: seeded random inputs, weights and explicit tolerances."""
+"""Shared helpers: seeded random inputs, weights, explicit tolerances and the devices to test on."""
+
+import copy
 
 import numpy as np
 import pytest
@@ -91,3 +93,73 @@ def make_mask(kind, batch, T_q, T_k, rng):
         mask[T_q // 2] = False  # one query may attend to nothing
         return mask & padding
     raise ValueError(kind)
+
+
+# Devices --------------------------------------------------------------------------------
+
+NO_CUDA = "no CUDA GPU on this machine"
+CUDA = pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA))
+# Where device-agnostic code is proven. `meta` has shapes but no numbers: a tensor made on a
+# fixed device fails there. `cuda` (when there is a GPU) must also give the CPU's numbers.
+DEVICES = ["meta", CUDA]
+# For the equivalence tests, which compare numbers: the CPU always, the GPU when there is one.
+CPU_AND_CUDA = ["cpu", CUDA]
+
+# A result from a GPU against the CPU or NumPy: other kernels, other summation orders.
+# float32 with TF32 off (see full_float32_on_gpus) agrees to a few units in the 6th digit.
+DEVICE_TOLERANCE = {
+    np.float32: dict(rtol=2e-5, atol=1e-5),
+    np.float64: dict(rtol=1e-10, atol=1e-12),
+}
+NUMPY_DTYPE = {torch_dtype: numpy_dtype for numpy_dtype, torch_dtype in TORCH_DTYPE.items()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def full_float32_on_gpus():
+    """float32 matrix products on a GPU in float32, not TF32 (10 bits of mantissa)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def on_device(item, device):
+    """A copy of a module or tensor on `device`, the original left where it is; None stays None."""
+    if item is None:
+        return None
+    if isinstance(item, torch.nn.Module):
+        return copy.deepcopy(item).to(device)
+    return item.to(device)
+
+
+def as_numpy(x):
+    """A tensor (on any device but `meta`) or an array, as a NumPy array."""
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def assert_close_on(device, actual, expected, dtype=np.float64, what=""):
+    """assert_close for a result computed on `device`: off the CPU, with DEVICE_TOLERANCE."""
+    tolerance = TOLERANCE if device == "cpu" else DEVICE_TOLERANCE
+    np.testing.assert_allclose(as_numpy(actual), as_numpy(expected), err_msg=what, **tolerance[dtype])
+
+
+def assert_matches_cpu(got, on_cpu, device, what="result"):
+    """`got`, computed on `device`, against the same computation on the CPU.
+
+    Tensors, or tuples and lists of them (nested). Always: the device, shape and dtype.
+    Off `meta`, which holds no numbers, the numbers too (booleans exactly).
+    """
+    if isinstance(on_cpu, (tuple, list)):
+        assert isinstance(got, (tuple, list)) and len(got) == len(on_cpu), what
+        for i, (a, b) in enumerate(zip(got, on_cpu)):
+            assert_matches_cpu(a, b, device, f"{what}[{i}]")
+        return
+    assert got.device.type == device, f"{what} is on {got.device}, expected {device}"
+    assert got.shape == on_cpu.shape, f"{what}: shape {tuple(got.shape)} != {tuple(on_cpu.shape)}"
+    assert got.dtype == on_cpu.dtype, f"{what}: dtype {got.dtype} != {on_cpu.dtype}"
+    if device == "meta":
+        return
+    if on_cpu.dtype == torch.bool:
+        assert torch.equal(got.cpu(), on_cpu), what
+    else:
+        assert_close_on(device, got, on_cpu, NUMPY_DTYPE[on_cpu.dtype], what)

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 import mha.numpy as mn
 import mha.torch as mt
-from conftest import TOLERANCE, TORCH_DTYPE, assert_close, make_mask
+from conftest import (CPU_AND_CUDA, DEVICES, TORCH_DTYPE, assert_close, assert_close_on, assert_matches_cpu,
+                      make_mask, on_device)
 
 MASKS = ["none", "padding", "causal", "both", "empty_row"]
 
@@ -42,19 +43,21 @@ def test_numpy_equals_scaled_dot_product_attention(rng, dtype, kind, chunk, batc
     assert_close(got, expected, dtype)
 
 
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("kind", MASKS)
 @pytest.mark.parametrize("chunk", [1, 3, 8, 20])
-def test_torch_equals_numpy_and_the_explicit_form(rng, dtype, kind, chunk):
+def test_torch_equals_numpy_and_the_explicit_form(rng, dtype, kind, chunk, device):
+    """On the CPU and on a GPU, the torch twin equals the explicit form there and the NumPy twin."""
     batch, T_q, T_k = (2, 2), 5, 8
     arrays = qkv(rng, batch, T_q, T_k, dtype=dtype)
     mask = make_mask(kind, batch, T_q, T_k, rng)
-    Q, K, V = (torch.as_tensor(a) for a in arrays)
-    mask_t = None if mask is None else torch.as_tensor(mask)
+    Q, K, V = (torch.as_tensor(a, device=device) for a in arrays)
+    mask_t = None if mask is None else torch.as_tensor(mask, device=device)
     got = mt.chunked_attention(Q, K, V, mask_t, chunk=chunk)
-    assert got.dtype == TORCH_DTYPE[dtype]
-    assert_close(got, mt.scaled_dot_product_attention(Q, K, V, mask_t)[0], dtype)
-    assert_close(got, mn.chunked_attention(*arrays, mask, chunk=chunk), dtype)
+    assert got.dtype == TORCH_DTYPE[dtype] and got.device.type == device
+    assert_close_on(device, got, mt.scaled_dot_product_attention(Q, K, V, mask_t)[0], dtype)
+    assert_close_on(device, got, mn.chunked_attention(*arrays, mask, chunk=chunk), dtype)
 
 
 def test_a_fully_masked_row_gives_zeros_not_nan(rng):
@@ -150,11 +153,17 @@ def test_gradients_through_chunks_and_a_masked_row():
     assert torch.isfinite(q.grad).all() and (q.grad[:, 2] == 0).all()
 
 
-def test_torch_twin_runs_on_meta_tensors():
-    q = torch.randn(2, 3, 5, 4, device="meta")
-    k, v = torch.randn(2, 3, 7, 4, device="meta"), torch.randn(2, 3, 7, 6, device="meta")
-    out = mt.chunked_attention(q, k, v, torch.ones(5, 7, dtype=torch.bool, device="meta"), chunk=3)
-    assert out.device.type == "meta" and out.shape == (2, 3, 5, 6)
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_twin_runs_on_any_device(device):
+    """No tensor is made on a fixed device; on a GPU the output equals the CPU's,
+    a query with nothing to attend to included."""
+    q, k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 7, 4), torch.randn(2, 3, 7, 6)
+    mask = torch.rand(5, 7) < 0.6
+    mask[2] = False  # query 2 may attend to nothing
+    on_cpu = mt.chunked_attention(q, k, v, mask, chunk=3)
+    got = mt.chunked_attention(*(on_device(t, device) for t in (q, k, v, mask)), chunk=3)
+    assert_matches_cpu(got, on_cpu, device)
+    assert on_cpu.shape == (2, 3, 5, 6) and (on_cpu[..., 2, :] == 0).all()
 
 
 @pytest.mark.parametrize("fn,wrap", [(mn.chunked_attention, np.asarray), (mt.chunked_attention, torch.as_tensor)],
@@ -185,17 +194,19 @@ def module_and_input(dtype=torch.float64, T=6, batch=(3,)):
     return module, torch.randn(*batch, T, 8, dtype=dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_causal_fast_path_equals_the_causal_mask(dtype):
-    module, x = module_and_input(dtype)
-    tolerance = TOLERANCE[np.float64 if dtype == torch.float64 else np.float32]
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_causal_fast_path_equals_the_causal_mask(dtype, device):
+    """On the CPU and on a GPU, causal=True gives what the explicit causal mask gives, on both paths."""
+    module, x = module_and_input(TORCH_DTYPE[dtype])
+    module, x = on_device(module, device), x.to(device)
     fast = module(x, causal=True)  # F.scaled_dot_product_attention(is_causal=True)
-    explicit, weights = module(x, mask=mt.causal_mask(6), return_weights=True)
+    allowed = mt.causal_mask(6, device=device)
+    explicit, weights = module(x, mask=allowed, return_weights=True)
     both, weights_causal = module(x, causal=True, return_weights=True)  # explicit path, causal honoured
-    np.testing.assert_allclose(fast.detach(), explicit.detach(), **tolerance)
-    np.testing.assert_allclose(both.detach(), explicit.detach(), **tolerance)
+    assert_close_on(device, fast, explicit, dtype, "the kernel's causal path")
+    assert_close_on(device, both, explicit, dtype, "the explicit path with causal=True")
     assert torch.equal(weights_causal, weights)
-    allowed = mt.causal_mask(6)
     assert (weights_causal[..., ~allowed] == 0).all() and (weights_causal[..., allowed] > 0).all()
     assert (fast - module(x)).abs().max() > 1e-3  # causal does change the answer
 
@@ -231,10 +242,22 @@ def test_causal_gradients_match_the_mask():
         assert_close(a, b)
 
 
-def test_causal_is_keyword_only_and_runs_on_meta():
+def test_causal_is_keyword_only():
     module, x = module_and_input()
     with pytest.raises(TypeError):
         module(x, None, None, False, True)
-    meta = mt.MultiHeadAttention(8, 2, device="meta")
-    out = meta(torch.randn(2, 5, 8, device="meta"), causal=True)
-    assert out.device.type == "meta" and out.shape == (2, 5, 8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_causal_runs_on_any_device(device):
+    """The causal mask is made on the input's device, alone and on top of a padding mask, on both
+    paths; on a GPU the outputs and weights equal the CPU's."""
+    module, x = module_and_input()
+    padding = mt.padding_mask(torch.tensor([6, 4, 1]), 6)
+    module_there, x_there, padding_there = (on_device(a, device) for a in (module, x, padding))
+    with torch.no_grad():
+        for kwargs in (dict(), dict(return_weights=True)):
+            assert_matches_cpu(module_there(x_there, causal=True, **kwargs), module(x, causal=True, **kwargs),
+                               device, f"causal alone, {kwargs}")
+            assert_matches_cpu(module_there(x_there, mask=padding_there, causal=True, **kwargs),
+                               module(x, mask=padding, causal=True, **kwargs), device, f"causal and padding, {kwargs}")

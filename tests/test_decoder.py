@@ -13,7 +13,8 @@ from torch import nn
 
 import mha.numpy as mn
 import mha.torch as mt
-from conftest import TORCH_DTYPE, assert_close
+from conftest import (CPU_AND_CUDA, DEVICES, TORCH_DTYPE, assert_close, assert_close_on, assert_matches_cpu,
+                      on_device)
 from mha.torch_blocks import Decoder, DecoderBlock  # to become mt.DecoderBlock, mt.Decoder
 
 OPTIONS = [
@@ -47,32 +48,36 @@ def padded_pair(dtype, seed=0):
     return X, memory, ours, theirs
 
 
-def as_tensors(masks):
-    return {k: torch.as_tensor(v) for k, v in masks.items()}
+def as_tensors(masks, device="cpu"):
+    return {k: torch.as_tensor(v, device=device) for k, v in masks.items()}
 
 
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
 @pytest.mark.parametrize("norm_first,activation,dtype", OPTIONS)
 @pytest.mark.parametrize("mode", ["train", "eval"])
-def test_decoder_block_equals_transformer_decoder_layer(norm_first, activation, dtype, mode):
-    layer = torch_layer(norm_first, activation, dtype, eps=1e-4)
+def test_decoder_block_equals_transformer_decoder_layer(norm_first, activation, dtype, mode, device):
+    """On the CPU and on a GPU: our block with PyTorch's weights gives PyTorch's output on both
+    paths, and the NumPy block gives the same output and weights."""
+    layer = torch_layer(norm_first, activation, dtype, eps=1e-4).to(device)
     layer.train(mode == "train")
     block = DecoderBlock.from_torch(layer)
     assert block.training == (mode == "train") and block.norm_3.eps == 1e-4
     X, memory, masks, torch_masks = padded_pair(dtype)
-    x, m = torch.as_tensor(X), torch.as_tensor(memory)
+    x, m = torch.as_tensor(X, device=device), torch.as_tensor(memory, device=device)
     with torch.no_grad():
-        expected = layer(x, m, **torch_masks)
-        out = block(x, m, causal=True, **as_tensors(masks))
-        explicit, (self_w, cross_w) = block(x, m, causal=True, return_weights=True, **as_tensors(masks))
-    assert_close(out, expected, dtype)
-    assert_close(explicit, expected, dtype, what="the explicit path (return_weights=True)")
+        expected = layer(x, m, **as_tensors(torch_masks, device))
+        out = block(x, m, causal=True, **as_tensors(masks, device))
+        explicit, (self_w, cross_w) = block(x, m, causal=True, return_weights=True, **as_tensors(masks, device))
+    assert out.device.type == device
+    assert_close_on(device, out, expected, dtype)
+    assert_close_on(device, explicit, expected, dtype, what="the explicit path (return_weights=True)")
     numpy_out, (np_self_w, np_cross_w) = mn.decoder_block(
         X, memory, N_HEADS, causal=True, norm_first=norm_first, eps=1e-4, activation=activation,
         **masks, **block.numpy_params())
     assert numpy_out.dtype == dtype
-    assert_close(numpy_out, out, dtype)
-    assert_close(np_self_w, self_w, dtype)
-    assert_close(np_cross_w, cross_w, dtype)
+    assert_close_on(device, numpy_out, out, dtype)
+    assert_close_on(device, np_self_w, self_w, dtype)
+    assert_close_on(device, np_cross_w, cross_w, dtype)
     assert np_self_w.shape == (3, N_HEADS, T, T) and np_cross_w.shape == (3, N_HEADS, T, S)
     assert np.all(np.triu(np_self_w, k=1) == 0)  # no weight on a later target token
     assert np.all(np_self_w[1, ..., 3:] == 0)  # target 1 has 3 real tokens
@@ -309,17 +314,24 @@ def test_gradcheck_float64():
     assert block.cross_attention.W_k.weight.grad.abs().sum() > 0  # the memory reaches the keys
 
 
-def test_runs_on_meta_tensors():
-    """No tensor is made on a fixed device: the causal mask follows the input to `meta`."""
-    decoder = Decoder(2, 8, 2, 16, norm_first=True, device="meta")
-    x, m = torch.empty(3, 4, 8, device="meta"), torch.empty(3, 6, 8, device="meta")
-    self_mask = mt.padding_mask(torch.tensor([4, 2, 1], device="meta"), 4)
-    memory_mask = mt.padding_mask(torch.tensor([6, 5, 3], device="meta"), 6)
-    out = decoder(x, m, self_mask, memory_mask, causal=True)
-    assert out.device.type == "meta" and out.shape == (3, 4, 8)
-    out, weights = decoder(x, m, self_mask, memory_mask, causal=True, return_weights=True)
+@pytest.mark.parametrize("device", DEVICES)
+def test_runs_on_any_device(device):
+    """No tensor is made on a fixed device: the causal mask follows the input to `meta`;
+    on a GPU the output and every block's weights equal the CPU's."""
+    decoder = Decoder(2, 8, 2, 16, norm_first=True, dtype=torch.float64)
+    x, m = torch.randn(3, 4, 8, dtype=torch.float64), torch.randn(3, 6, 8, dtype=torch.float64)
+    self_mask = mt.padding_mask(torch.tensor([4, 2, 1]), 4)
+    memory_mask = mt.padding_mask(torch.tensor([6, 5, 3]), 6)
+    on_cpu = (x, m, self_mask, memory_mask)
+    there = [on_device(a, device) for a in on_cpu]
+    decoder_there = on_device(decoder, device)
+    with torch.no_grad():
+        assert_matches_cpu(decoder_there(*there, causal=True), decoder(*on_cpu, causal=True), device, "output")
+        out, weights = decoder_there(*there, causal=True, return_weights=True)
+        assert_matches_cpu((out, weights), decoder(*on_cpu, causal=True, return_weights=True), device,
+                           "(output, [(self weights, cross weights) per block])")
     self_w, cross_w = weights[-1]
-    assert self_w.device.type == "meta" and self_w.shape == (3, 2, 4, 4) and cross_w.shape == (3, 2, 4, 6)
+    assert self_w.shape == (3, 2, 4, 4) and cross_w.shape == (3, 2, 4, 6)
 
 
 def test_dropout_is_active_only_in_training():

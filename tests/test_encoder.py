@@ -10,7 +10,7 @@ from torch import nn
 
 import mha.numpy as mn
 import mha.torch as mt
-from conftest import TORCH_DTYPE, assert_close
+from conftest import CPU_AND_CUDA, TORCH_DTYPE, assert_close, assert_close_on
 
 OPTIONS = [
     pytest.param(norm_first, activation, dtype, id=f"{'pre' if norm_first else 'post'}-{activation}-{dtype.__name__}")
@@ -39,47 +39,56 @@ def padded_batch(dtype, seed=0):
     return X, ours, theirs
 
 
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
 @pytest.mark.parametrize("norm_first,activation,dtype", OPTIONS)
 @pytest.mark.parametrize("mode", ["train", "eval"])
-def test_encoder_block_equals_transformer_encoder_layer(norm_first, activation, dtype, mode):
-    layer = torch_layer(norm_first, activation, dtype, eps=1e-4)
+def test_encoder_block_equals_transformer_encoder_layer(norm_first, activation, dtype, mode, device):
+    """On the CPU and on a GPU: our block with PyTorch's weights gives PyTorch's output at the
+    real tokens, and the NumPy block gives ours."""
+    layer = torch_layer(norm_first, activation, dtype, eps=1e-4).to(device)
     layer.train(mode == "train")
     block = mt.EncoderBlock.from_torch(layer)
     assert block.training == (mode == "train") and block.norm_1.eps == 1e-4
     X, mask, key_padding = padded_batch(dtype)
-    x = torch.as_tensor(X)
+    x = torch.as_tensor(X, device=device)
     with torch.no_grad():
-        expected = layer(x, src_key_padding_mask=key_padding)
-        out = block(x, torch.as_tensor(mask))
-    real = torch.as_tensor(mask[:, 0, 0])  # PyTorch's eval fast path may differ at padding
-    assert_close(out[real], expected[real], dtype)
+        expected = layer(x, src_key_padding_mask=key_padding.to(device))
+        out = block(x, torch.as_tensor(mask, device=device))
+    assert out.device.type == device
+    real = torch.as_tensor(mask[:, 0, 0], device=device)  # PyTorch's eval fast path may differ at padding
+    assert_close_on(device, out[real], expected[real], dtype)
     numpy_out, weights = mn.encoder_block(X, N_HEADS, mask=mask, norm_first=norm_first, eps=1e-4,
                                           activation=activation, **block.numpy_params())
-    assert_close(numpy_out, out, dtype)
+    assert_close_on(device, numpy_out, out, dtype)
     assert weights.shape == (len(LENGTHS), N_HEADS, T, T)
     assert np.all(weights[2, :, :, 1:] == 0)  # sequence 2 has one real key
 
 
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
 @pytest.mark.parametrize("norm_first,activation,dtype", OPTIONS)
-def test_encoder_equals_transformer_encoder(norm_first, activation, dtype):
+def test_encoder_equals_transformer_encoder(norm_first, activation, dtype, device):
+    """On the CPU and on a GPU: a stack of three blocks equals PyTorch's, and the NumPy stack
+    gives the same output and weights."""
     layer = torch_layer(norm_first, activation, dtype)
     stack = nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=False)
     with torch.no_grad():  # the copies start identical: make each layer its own
         for p in stack.parameters():
             p.add_(0.05 * torch.randn_like(p))
+    stack = stack.to(device)
     encoder = mt.Encoder.from_torch(stack)
     X, mask, key_padding = padded_batch(dtype, seed=1)
-    x = torch.as_tensor(X)
+    x = torch.as_tensor(X, device=device)
     with torch.no_grad():
-        expected = stack(x, src_key_padding_mask=key_padding)
-        out, weights = encoder(x, torch.as_tensor(mask), return_weights=True)
-    assert_close(out, expected, dtype)
+        expected = stack(x, src_key_padding_mask=key_padding.to(device))
+        out, weights = encoder(x, torch.as_tensor(mask, device=device), return_weights=True)
+    assert out.device.type == device
+    assert_close_on(device, out, expected, dtype)
     assert len(weights) == 3 and weights[0].shape == (3, N_HEADS, T, T)
     numpy_out, numpy_weights = mn.encoder(X, encoder.numpy_params(), N_HEADS, mask=mask,
                                           norm_first=norm_first, activation=activation)
-    assert_close(numpy_out, out, dtype)
+    assert_close_on(device, numpy_out, out, dtype)
     for w_np, w_t in zip(numpy_weights, weights):
-        assert_close(w_np, w_t, dtype)
+        assert_close_on(device, w_np, w_t, dtype)
 
 
 def test_encoder_with_causal_mask_matches_src_mask():

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 import mha.numpy as mn
 import mha.torch as mt
-from conftest import (TORCH_DTYPE, assert_close, heads_from_columns, load_params, make_mask,
-                      random_attention_params)
+from conftest import (CPU_AND_CUDA, TORCH_DTYPE, assert_close, assert_close_on, heads_from_columns, load_params,
+                      make_mask, random_attention_params)
 
 # (batch shape, T_q, T_k, d_model, n_heads, cross-attention?)
 SHAPES = [
@@ -45,8 +45,10 @@ def make_case(shape, mask_kind, dtype, seed=0):
     return X, context, mask, rng
 
 
-def to_torch(a, dtype):
-    return None if a is None else torch.as_tensor(a, dtype=None if a.dtype == bool else TORCH_DTYPE[dtype])
+def to_torch(a, dtype, device="cpu"):
+    if a is None:
+        return None
+    return torch.as_tensor(a, dtype=None if a.dtype == bool else TORCH_DTYPE[dtype], device=device)
 
 
 @pytest.mark.parametrize("shape,mask_kind,dtype", CASES)
@@ -61,28 +63,33 @@ def test_loop_equals_fused(shape, mask_kind, dtype):
     assert_close(w, loop_w, dtype)
 
 
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
 @pytest.mark.parametrize("shape,mask_kind,dtype", CASES)
-def test_numpy_equals_torch_module_both_paths(shape, mask_kind, dtype):
+def test_numpy_equals_torch_module_both_paths(shape, mask_kind, dtype, device):
+    """mha.torch.MultiHeadAttention, on the CPU and on a GPU, equals mha.numpy on both of its paths."""
     X, context, mask, rng = make_case(shape, mask_kind, dtype)
-    module = mt.MultiHeadAttention(shape[3], shape[4], dtype=TORCH_DTYPE[dtype])
+    module = mt.MultiHeadAttention(shape[3], shape[4], dtype=TORCH_DTYPE[dtype]).to(device)
     params = module.numpy_params()
     expected, expected_w = mn.multihead_attention(X, n_heads=shape[4], context=context, mask=mask, **params)
-    x, ctx, m = to_torch(X, dtype), to_torch(context, dtype), to_torch(mask, dtype)
+    x, ctx, m = (to_torch(a, dtype, device) for a in (X, context, mask))
     fast = module(x, ctx, m)
     explicit, weights = module(x, ctx, m, return_weights=True)
-    assert fast.dtype == TORCH_DTYPE[dtype]
-    assert_close(fast, expected, dtype, "fused-kernel path")
-    assert_close(explicit, expected, dtype, "explicit path")
-    assert_close(weights, expected_w, dtype, "weights")
+    assert fast.dtype == TORCH_DTYPE[dtype] and fast.device.type == device
+    assert_close_on(device, fast, expected, dtype, "fused-kernel path")
+    assert_close_on(device, explicit, expected, dtype, "explicit path")
+    assert_close_on(device, weights, expected_w, dtype, "weights")
 
 
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
 @pytest.mark.parametrize("shape,mask_kind,dtype", CASES)
-def test_torch_module_equals_nn_multihead_attention(shape, mask_kind, dtype):
+def test_torch_module_equals_nn_multihead_attention(shape, mask_kind, dtype, device):
+    """On the CPU and on a GPU, our module with nn.MultiheadAttention's weights gives its outputs
+    and weights, except that a query with nothing to attend to gets zeros where it gets NaN."""
     X, context, mask, rng = make_case(shape, mask_kind, dtype)
     batch, T_q, T_k, d, h, cross = shape
-    theirs = torch.nn.MultiheadAttention(d, h, batch_first=True, dtype=TORCH_DTYPE[dtype])
+    theirs = torch.nn.MultiheadAttention(d, h, batch_first=True, dtype=TORCH_DTYPE[dtype]).to(device)
     ours = mt.MultiHeadAttention.from_torch(theirs)
-    x, ctx, m = to_torch(X, dtype), to_torch(context, dtype), to_torch(mask, dtype)
+    x, ctx, m = (to_torch(a, dtype, device) for a in (X, context, mask))
     source = x if ctx is None else ctx
     if not batch:  # nn.MultiheadAttention takes (T, d) unbatched input only with 2-D masks
         x, source = x[None], source[None]
@@ -95,34 +102,41 @@ def test_torch_module_equals_nn_multihead_attention(shape, mask_kind, dtype):
     their_out, their_w = theirs(x, source, source, attn_mask=blocked, average_attn_weights=False)
     our_out, our_w = ours(x, None if ctx is None else source, None if m is None else full,
                           return_weights=True)
-    empty = torch.zeros(their_w.shape[:-1], dtype=torch.bool) if m is None else ~full.any(-1)
+    empty = torch.zeros(their_w.shape[:-1], dtype=torch.bool, device=device) if m is None else ~full.any(-1)
     live = ~empty  # rows with something to attend to
-    assert_close(our_out[live.any(1)], their_out[live.any(1)], dtype)
-    assert_close(our_w[live], their_w[live], dtype)
+    assert our_out.device.type == device
+    assert_close_on(device, our_out[live.any(1)], their_out[live.any(1)], dtype)
+    assert_close_on(device, our_w[live], their_w[live], dtype)
     if empty.any():  # PyTorch's layer gives NaN there; ours gives zeros
         assert torch.isnan(their_w[empty]).all()
         assert (our_w[empty] == 0).all()
 
 
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
 @pytest.mark.parametrize("shape,mask_kind,dtype", CASES)
-def test_explicit_sdpa_equals_torch_fused_kernel(shape, mask_kind, dtype):
+def test_explicit_sdpa_equals_torch_fused_kernel(shape, mask_kind, dtype, device):
+    """The explicit form, NumPy's and ours on the CPU or a GPU, equals PyTorch's kernel there."""
     X, context, mask, rng = make_case(shape, mask_kind, dtype)
     h = shape[4]
     source = X if context is None else context
     Q, K, V = (mn.split_heads(a, h) for a in (X, source, source))  # (..., h, T, d_head)
     out, _ = mn.scaled_dot_product_attention(Q, K, V, mask)
-    q, k, v = (to_torch(a, dtype) for a in (Q, K, V))
-    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=to_torch(mask, dtype))
-    assert_close(out, expected, dtype)
-    ours, _ = mt.scaled_dot_product_attention(q, k, v, to_torch(mask, dtype))
-    assert_close(ours, expected, dtype)
+    q, k, v, m = (to_torch(a, dtype, device) for a in (Q, K, V, mask))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    assert expected.device.type == device
+    assert_close_on(device, out, expected, dtype)
+    ours, _ = mt.scaled_dot_product_attention(q, k, v, m)
+    assert_close_on(device, ours, expected, dtype)
 
 
-def test_causal_mask_equals_is_causal_kernel(rng):
-    Q, K, V = (torch.as_tensor(rng.standard_normal((2, 3, 7, 4))) for _ in range(3))
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+def test_causal_mask_equals_is_causal_kernel(rng, device):
+    """On the CPU and on a GPU, causal_mask gives what the kernel's is_causal=True gives."""
+    Q, K, V = (torch.as_tensor(rng.standard_normal((2, 3, 7, 4)), device=device) for _ in range(3))
     expected = F.scaled_dot_product_attention(Q, K, V, is_causal=True)
-    ours, weights = mt.scaled_dot_product_attention(Q, K, V, mt.causal_mask(7))
-    assert_close(ours, expected)
+    ours, weights = mt.scaled_dot_product_attention(Q, K, V, mt.causal_mask(7, device=device))
+    assert ours.device.type == device
+    assert_close_on(device, ours, expected)
     assert (weights.triu(1) == 0).all()
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import mha.torch as mt
+from conftest import CPU_AND_CUDA, on_device
 from mha import pretrained
 
 SENTENCE = "I am going to deposit my money at the bank"
@@ -46,11 +47,22 @@ def test_tokens_and_embeddings_are_the_models_own(minilm):
     assert torch.equal(X, reference[0])
 
 
-def test_every_block_reproduces_the_hidden_states_and_attention_weights(minilm):
+def to_cpu(tensors):
+    """A list of tensors, each copied to the CPU, to compare with transformers' outputs there."""
+    return [t.cpu() for t in tensors]
+
+
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+def test_every_block_reproduces_the_hidden_states_and_attention_weights(minilm, device):
+    """Our encoder, on the CPU or on a GPU, gives transformers' hidden states and attention
+    weights after every block, on both of its paths."""
     _, X = minilm.embed(SENTENCE)
+    encoder, X = on_device(minilm.encoder, device), X.to(device)
     with torch.no_grad():
-        ours, our_weights = pretrained.hidden_states(minilm.encoder, X)
-        final = minilm.encoder(X)
+        ours, our_weights = pretrained.hidden_states(encoder, X)
+        final = encoder(X)
+    assert final.device.type == device
+    ours, our_weights, final = to_cpu(ours), to_cpu(our_weights), final.cpu()
     reference, reference_weights = minilm.reference_outputs(SENTENCE)
     assert len(ours) == len(reference) == 7 and len(our_weights) == len(reference_weights) == 6
     for block in range(1, 7):
@@ -62,15 +74,21 @@ def test_every_block_reproduces_the_hidden_states_and_attention_weights(minilm):
     assert (ours[-1] - ours[0]).abs().max() > 1, "the blocks must change their input"
 
 
-def test_a_padded_batch_matches_on_the_real_tokens(minilm):
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+def test_a_padded_batch_matches_on_the_real_tokens(minilm, device):
+    """With a padding mask, our encoder on the CPU or on a GPU gives transformers' results at the
+    real tokens and no weight to the padding."""
     sentences = [SENTENCE, "Hello world"]
     tokens, X = minilm.embed(sentences)
     mask = minilm.mask(sentences)
     assert tokens[1][:4] == ["[CLS]", "hello", "world", "[SEP]"] and tokens[1][4] == "[PAD]"
     assert mask.shape == (2, 1, 1, 12) and mask.dtype == torch.bool
     assert mask[0].all() and mask[1, 0, 0].tolist() == [True] * 4 + [False] * 8
+    encoder, X, mask = on_device(minilm.encoder, device), X.to(device), mask.to(device)
     with torch.no_grad():
-        ours, our_weights = pretrained.hidden_states(minilm.encoder, X, mask)
+        ours, our_weights = pretrained.hidden_states(encoder, X, mask)
+    assert ours[-1].device.type == device
+    ours, our_weights = to_cpu(ours), to_cpu(our_weights)
     reference, reference_weights = minilm.reference_outputs(sentences)
     for block in range(1, 7):
         assert (ours[block][0] - reference[block][0]).abs().max() < TOLERANCE
@@ -92,12 +110,16 @@ def small_bert(**options):
     return bert
 
 
-def test_copy_of_a_small_random_bert_in_float64():
-    bert = small_bert(attn_implementation="eager", layer_norm_eps=1e-7).double()
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+def test_copy_of_a_small_random_bert_in_float64(device):
+    """A BERT on the CPU or on a GPU is copied onto the same device and dtype and gives its
+    hidden states and attention weights to 1e-12."""
+    bert = small_bert(attn_implementation="eager", layer_norm_eps=1e-7).double().to(device)
     encoder = pretrained.encoder_from_bert(bert)
-    assert encoder.layers[0].linear_1.weight.dtype == torch.float64
+    weight = encoder.layers[0].linear_1.weight
+    assert weight.dtype == torch.float64 and weight.device.type == device
     assert encoder.layers[0].norm_1.eps == 1e-7
-    ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3]], device=device)
     with torch.no_grad():
         out = bert(ids, output_hidden_states=True, output_attentions=True)
         ours, weights = pretrained.hidden_states(encoder, out.hidden_states[0])

@@ -1,13 +1,15 @@
 """Properties that hold for every input, checked on random shapes with hypothesis."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mha.numpy as mn
 import mha.torch as mt
-from conftest import assert_close, heads_from_columns, load_params, random_attention_params
+from conftest import (CPU_AND_CUDA, assert_close, assert_close_on, heads_from_columns, load_params,
+                      random_attention_params)
 
 settings.register_profile("course", max_examples=40, deadline=None, derandomize=True)
 settings.load_profile("course")
@@ -42,8 +44,11 @@ def test_weight_rows_sum_to_one_or_zero_when_fully_masked(case):
         assert np.all(weights[~np.broadcast_to(mask, weights.shape)] == 0)
 
 
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
 @given(attention_inputs())
-def test_fused_equals_loop_and_torch_on_random_shapes(case):
+def test_fused_equals_loop_and_torch_on_random_shapes(device, case):
+    """On random shapes and masks, the loop of heads equals the fused form, and the torch module,
+    on the CPU and on a GPU, equals both (outputs and weights)."""
     X, context, mask, params, h = case
     out, weights = mn.multihead_attention(X, n_heads=h, context=context, mask=mask, **params)
     unbiased = {k: v for k, v in params.items() if k.startswith("W")}
@@ -52,12 +57,13 @@ def test_fused_equals_loop_and_torch_on_random_shapes(case):
     fused_out, fused_w = mn.multihead_attention(X, n_heads=h, context=context, mask=mask, **unbiased)
     assert_close(loop_out, fused_out)
     assert_close(loop_w, fused_w)
-    module = load_params(mt.MultiHeadAttention(X.shape[-1], h, dtype=torch.float64), params)
-    as_t = lambda a: None if a is None else torch.as_tensor(a)  # noqa: E731
+    module = load_params(mt.MultiHeadAttention(X.shape[-1], h, dtype=torch.float64), params).to(device)
+    as_t = lambda a: None if a is None else torch.as_tensor(a, device=device)  # noqa: E731
     with torch.no_grad():
-        assert_close(module(as_t(X), as_t(context), as_t(mask)), out)
+        assert_close_on(device, module(as_t(X), as_t(context), as_t(mask)), out)
         _, module_w = module(as_t(X), as_t(context), as_t(mask), return_weights=True)
-    assert_close(module_w, weights)
+    assert module_w.device.type == device
+    assert_close_on(device, module_w, weights)
 
 
 @given(st.integers(1, 6), st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**16))

@@ -6,7 +6,8 @@ import torch
 
 import mha.numpy as mn
 import mha.torch as mt
-from conftest import assert_close
+from mha.heads import SumOfHeadsAttention
+from conftest import DEVICES, assert_close, assert_matches_cpu, on_device
 
 D, H, T = 6, 2, 4
 F64 = dict(dtype=torch.float64)
@@ -56,22 +57,47 @@ def test_gradcheck_through_a_fully_masked_row():
     assert torch.isfinite(q.grad).all() and (q.grad[:, 1] == 0).all()
 
 
+def returns_weights(module):
+    """Whether the module's forward takes return_weights=True."""
+    return "return_weights" in module.forward.__code__.co_varnames
+
+
+def input_and_parameter_gradients(module, args):
+    """d(sum of squared outputs) with respect to the input and to every parameter."""
+    x = args[0].detach().requires_grad_()
+    loss = module(x, *args[1:]).square().sum()
+    return torch.autograd.grad(loss, [x, *module.parameters()])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name,module,args", module_cases(), ids=[c[0] for c in module_cases()])
-def test_runs_on_meta_tensors(name, module, args):
-    """No tensor is made on a fixed device: everything follows the input to `meta`."""
-    module = module.to("meta")
-    meta_args = [None if a is None else a.to("meta") for a in args]
-    out = module(*meta_args)
-    assert out.device.type == "meta" and out.shape[:-1] == args[0].shape[:-1]
-    if hasattr(module, "forward") and "return_weights" in module.forward.__code__.co_varnames:
-        _, weights = module(*meta_args, return_weights=True)
-        first = weights[0] if isinstance(weights, list) else weights
-        assert first.device.type == "meta"
+def test_runs_on_any_device(name, module, args, device):
+    """No tensor is made on a fixed device: outputs and weights follow the input to `meta`,
+    and on a GPU they equal the CPU's (same weights, same inputs)."""
+    module_there = on_device(module, device)
+    args_there = [on_device(a, device) for a in args]
+    with torch.no_grad():
+        assert_matches_cpu(module_there(*args_there), module(*args), device, f"{name} output")
+        if returns_weights(module):
+            assert_matches_cpu(module_there(*args_there, return_weights=True),
+                               module(*args, return_weights=True), device, f"{name} (output, weights)")
 
 
-def test_masks_follow_the_requested_device():
-    assert mt.causal_mask(3, device="meta").device.type == "meta"
-    assert mt.padding_mask(torch.tensor([1, 2], device="meta"), 3).device.type == "meta"
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name,module,args", module_cases(), ids=[c[0] for c in module_cases()])
+def test_gradients_on_any_device(name, module, args, device):
+    """The backward pass follows the input too; on a GPU, the gradients of the input and of
+    every parameter equal the CPU's."""
+    there = input_and_parameter_gradients(on_device(module, device), [on_device(a, device) for a in args])
+    assert_matches_cpu(there, input_and_parameter_gradients(module, args), device, f"{name} gradients")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_masks_follow_the_requested_device(device):
+    """causal_mask and padding_mask are made on the device asked for, with the CPU's values."""
+    assert_matches_cpu(mt.causal_mask(3, device=device), mt.causal_mask(3), device, "causal mask")
+    lengths = torch.tensor([1, 3])
+    assert_matches_cpu(mt.padding_mask(lengths.to(device), 3), mt.padding_mask(lengths, 3), device, "padding mask")
 
 
 def test_symmetric_attention_equals_numpy():
@@ -148,3 +174,31 @@ def test_numpy_params_follow_the_row_convention():
     assert params["W_q"].shape == (4, 4)
     assert_close(x.numpy() @ params["W_q"] + params["b_q"], module.W_q(x))
     assert isinstance(params["W_o"], np.ndarray)
+
+
+def constructed_on(device):
+    """Every module, built with device=..., and an input for it on that device."""
+    options = dict(device=device, dtype=torch.float64)
+    x = torch.randn(2, T, D, dtype=torch.float64).to(device)
+    return [
+        ("symmetric", mt.SymmetricAttention(D, 3, **options), (x,)),
+        ("head", mt.HeadAttention(D, 3, **options), (x,)),
+        ("loop", mt.MultiHeadAttentionLoop(D, H, **options), (x,)),
+        ("sum-of-heads", SumOfHeadsAttention(D, H, **options), (x,)),
+        ("fused", mt.MultiHeadAttention(D, H, **options), (x,)),
+        ("encoder", mt.Encoder(2, D, H, 10, **options), (x,)),
+        ("decoder", mt.Decoder(2, D, H, 10, **options), (x, x)),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_modules_are_made_on_the_requested_device(device):
+    """device=... puts every parameter there, and the output stays there; on a GPU the
+    output equals that of the same module moved to the CPU."""
+    for name, module, args in constructed_on(device):
+        assert all(p.device.type == device for p in module.parameters()), name
+        with torch.no_grad():
+            out = module(*args)
+            if device != "meta":
+                assert_matches_cpu(out, on_device(module, "cpu")(*[a.cpu() for a in args]), device, name)
+        assert out.device.type == device and out.shape[:-1] == args[0].shape[:-1], name

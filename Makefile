@@ -1,6 +1,7 @@
 # Two commands (see README.md):
 #   make book   build the course into _build/html
-#   make test   install what is needed, then run every test
+#   make test   install what is needed, then run every test, then re-run the
+#               chapters under other CPU kernels (test-kernels, below)
 # Both create a virtual environment in .venv on first use. `make test` also
 # installs, when missing, what the browser test (tests/test_site.py) needs:
 # Debian's chromium (with apt-get, as root) and MathJax 3 (npm, into .cache/).
@@ -22,8 +23,28 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	@echo "The course is built: open _build/html/index.html"
 
+NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
+
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -n 2 --dist loadfile --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg tests book
+	$(BIN)/python -m pytest -n 2 --dist loadfile $(NBVAL) tests book
+	$(MAKE) --no-print-directory test-kernels
+
+# The same book on every CPU: re-execute every chapter, and the bit-for-bit test
+# of identical heads, under the kernels of other processors. Matrix kernels round
+# differently on each CPU and with each number of threads; stored outputs and
+# claims must hold under all of them. `make test` above ran the machine's own.
+#   generic:  PyTorch's portable kernels (no vector instructions), 1 thread
+#   avx2:     AVX2 kernels, as on a CPU without AVX-512, 2 threads
+KERNEL_TESTS := tests/test_heads.py book
+GENERIC_KERNELS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE OMP_NUM_THREADS=1
+AVX2_KERNELS := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=2
+
+.PHONY: test-kernels
+test-kernels: $(STAMP)
+	@echo "== every chapter under generic kernels, 1 thread: $(GENERIC_KERNELS)"
+	env $(GENERIC_KERNELS) $(BIN)/python -m pytest -q -n 2 --dist loadfile $(NBVAL) $(KERNEL_TESTS)
+	@echo "== every chapter under AVX2 kernels, 2 threads: $(AVX2_KERNELS)"
+	env $(AVX2_KERNELS) $(BIN)/python -m pytest -q -n 2 --dist loadfile $(NBVAL) $(KERNEL_TESTS)
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis

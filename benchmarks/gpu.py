@@ -8,7 +8,7 @@ Without a GPU it says so and exits with status 0. On a GPU it prints:
                  d=512, h=8) in float32, bfloat16 and float16: forward without
                  weights, with per-head weights, forward+backward
   gpu_encoder    mha.torch.EncoderBlock vs nn.TransformerEncoderLayer, same dtypes
-  gpu_attention  one sequence, h=8, d_head=64, T up to 16384: PyTorch's fused
+  gpu_attention  one sequence, h=8, d_head=64, T up to 32768: PyTorch's fused
                  kernels (F.scaled_dot_product_attention), the explicit form
                  (mha.torch.scaled_dot_product_attention) and mha.torch.chunked_attention,
                  with time and peak GPU memory (torch.cuda.max_memory_allocated)
@@ -25,7 +25,7 @@ from torch import nn
 import mha.torch as mt
 from benchmarks.harness import Table, compare, machine, ms
 
-FULL = dict(B=8, T=512, d=512, h=8, d_ff=2048, Ts=(1024, 2048, 4096, 8192, 16384), h_long=8, d_head=64,
+FULL = dict(B=8, T=512, d=512, h=8, d_ff=2048, Ts=(1024, 2048, 4096, 8192, 16384, 32768), h_long=8, d_head=64,
             rounds=21, warmup=5, dtypes=("float32", "bfloat16", "float16"))
 TINY = dict(B=2, T=8, d=16, h=2, d_ff=32, Ts=(16, 32), h_long=2, d_head=8, rounds=2, warmup=1,
             dtypes=("float32", "bfloat16"))

@@ -21,7 +21,7 @@ from torch import nn
 import mha.numpy as mnp
 import mha.torch as mt
 from benchmarks.harness import Table, compare, ms, print_tables, run_tables
-from mha.counting import attention_multiply_adds
+from mha.experiments.counting import attention_multiply_adds
 
 FULL = dict(tokens=4096, Ts=(128, 256, 512, 1024, 2048, 4096), d=512, h=8, B=8, T=512,
             heads=(1, 2, 4, 8, 16, 32, 64), loop_heads=(1, 2, 4, 8, 16, 32, 64), loop_Ts=(512, 32),
@@ -81,14 +81,7 @@ def loop_setup(size, h):
     """A loop module and a fused module computing the same function (column blocks)."""
     torch.manual_seed(h)
     fused = mt.MultiHeadAttention(size["d"], h, bias=False).eval()
-    loop = mt.MultiHeadAttentionLoop(size["d"], h).eval()
-    with torch.no_grad():
-        for n in "qkv":
-            rows = getattr(fused, f"W_{n}").weight.chunk(h, dim=0)  # nn.Linear stores (d_out, d_in)
-            for head, block in zip(loop.heads, rows):
-                getattr(head, f"W_{n}").weight.copy_(block)
-        loop.W_o.weight.copy_(fused.W_o.weight)
-    return loop, fused
+    return mt.MultiHeadAttentionLoop.from_fused(fused), fused
 
 
 def loop_vs_fused_table(size):
@@ -112,7 +105,7 @@ def loop_vs_fused_table(size):
             add_loop_row(table, T, "mha.torch", h, size, r)
             params = {k: np.ascontiguousarray(v) for k, v in fused.numpy_params().items() if v is not None}
             heads = [tuple(np.ascontiguousarray(W) for W in triple)
-                     for triple in zip(*(np.split(params[f"W_{n}"], h, axis=1) for n in "qkv"))]
+                     for triple in mnp.heads_from_fused(params["W_q"], params["W_k"], params["W_v"], h)]
             r = compare({"loop": lambda: mnp.multihead_attention_loop(X, heads, params["W_o"]),
                          "fused": lambda: mnp.multihead_attention(X, n_heads=h, **params)}, "fused", **run)
             add_loop_row(table, T, "mha.numpy", h, size, r)

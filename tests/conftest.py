@@ -1,12 +1,28 @@
 """Shared helpers: seeded random inputs, weights, explicit tolerances and the devices to test on."""
 
 import copy
+import fcntl
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 import mha.numpy as mn
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))  # the chapter notebooks, in order
+
+
+def toc_files():
+    """The book's pages in the order of _toc.yml, without suffix: intro, notation, chapters, ..."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    return [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
 
 # Tolerances per dtype: float32 sums of a few dozen products agree to ~1e-6.
 TOLERANCE = {
@@ -37,8 +53,7 @@ def random_attention_params(rng, d_model, dtype=np.float64, bias=True, d_in=None
 
 def heads_from_columns(params, n_heads):
     """The per-head (W_q_i, W_k_i, W_v_i) that are column blocks of the fused weights."""
-    blocks = [np.split(params[f"W_{n}"], n_heads, axis=1) for n in "qkv"]
-    return list(zip(*blocks))
+    return mn.heads_from_fused(params["W_q"], params["W_k"], params["W_v"], n_heads)
 
 
 def load_params(module, params):
@@ -163,3 +178,33 @@ def assert_matches_cpu(got, on_cpu, device, what="result"):
         assert torch.equal(got.cpu(), on_cpu), what
     else:
         assert_close_on(device, got, on_cpu, NUMPY_DTYPE[on_cpu.dtype], what)
+
+
+# The book, built once per test run ------------------------------------------------------
+
+def build_site_once(folder):
+    """Build the book into `folder` unless a process of this run already did: (html, returncode, log).
+
+    The pytest-xdist workers of one run share the folder (named by the run's id) and
+    take turns through a lock, so the book is built once, however many files need it.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        log, code = folder / "build.log", folder / "returncode"
+        if not code.exists():
+            jupyter_book = Path(sys.executable).with_name("jupyter-book")
+            result = subprocess.run(
+                [str(jupyter_book), "build", str(ROOT), "-W", "-n", "--keep-going", "--path-output", str(folder)],
+                capture_output=True, text=True, timeout=900)
+            log.write_text(result.stdout[-5000:] + "\n" + result.stderr[-3000:])
+            code.write_text(str(result.returncode))
+    return folder / "_build" / "html", int(code.read_text()), log.read_text()
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory):
+    """The book built with `jupyter-book build -W -n --keep-going`: (html folder, returncode, log)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    folder = Path(tempfile.gettempdir()) / f"mha-site-{run}" if run else tmp_path_factory.mktemp("site")
+    return build_site_once(folder)

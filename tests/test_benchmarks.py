@@ -6,16 +6,15 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import mha.numpy as mnp
 import mha.torch as mt
+from conftest import ROOT
 from mha import benchmark_results
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the repository, not an installed package
 from benchmarks import gpu, harness, memory, speed, sweeps  # noqa: E402
 

@@ -5,37 +5,19 @@ stored outputs; this file checks the other half: what the reader sees.
 """
 
 import re
-import subprocess
-import sys
 from html.parser import HTMLParser
-from pathlib import Path
 
 import nbformat
 import pytest
-import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
-
-
-def toc_files():
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = [toc["root"]]
-    for part in toc["parts"]:
-        files += [c["file"] for c in part["chapters"]]
-    return files
+from conftest import CHAPTERS, ROOT, toc_files
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("book")
-    jupyter_book = Path(sys.executable).with_name("jupyter-book")
-    result = subprocess.run(
-        [str(jupyter_book), "build", str(ROOT), "-W", "-n", "--keep-going", "--path-output", str(out)],
-        capture_output=True, text=True, timeout=900,
-    )
-    assert result.returncode == 0, f"book build failed or warned:\n{result.stdout[-5000:]}\n{result.stderr[-3000:]}"
-    return out / "_build" / "html"
+def site(built_site):
+    html, returncode, log = built_site
+    assert returncode == 0, f"book build failed or warned:\n{log}"
+    return html
 
 
 class PageText(HTMLParser):
@@ -139,3 +121,40 @@ def test_notebook_is_stored_executed_in_order_without_errors(chapter):
             for match in re.finditer(r"\{literalinclude\} (\S+)\n(?::language: \w+\n)?:pyobject: (\S+)", cell.source):
                 path, obj = ROOT / match.group(1).lstrip("/"), match.group(2).split(".")[0]
                 assert re.search(rf"^(def|class) {obj}\b", path.read_text(), re.M), f"{obj} not in {path}"
+
+
+def literalincludes():
+    """(page, path, pyobject) of every {literalinclude} in the book's notebooks and pages."""
+    found = []
+    directive = re.compile(r"```\{literalinclude\} (\S+)\n((?::[^\n]*\n)*)")
+    for page in sorted((ROOT / "book").glob("*.ipynb")) + sorted((ROOT / "book").glob("*.md")):
+        cells = nbformat.read(page, as_version=4).cells if page.suffix == ".ipynb" else []
+        texts = [c.source + "\n" for c in cells if c.cell_type == "markdown"] or [page.read_text()]
+        for text in texts:
+            for match in directive.finditer(text):
+                obj = re.search(r":pyobject: (\S+)", match[2])
+                found.append((page.name, match[1], obj[1] if obj else None))
+    return found
+
+
+def defines(path, dotted):
+    """Whether a Python file defines `dotted` at its top level: a function, a class, or Class.method."""
+    import ast
+
+    body = ast.parse(path.read_text()).body
+    for name in dotted.split("."):
+        match = [n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name]
+        if not match:
+            return False
+        body = match[0].body
+    return True
+
+
+def test_every_literalinclude_names_a_file_and_an_object_that_exist():
+    includes = literalincludes()
+    assert len(includes) > 30, "the book shows library code by {literalinclude}"
+    for page, path, pyobject in includes:
+        source = ROOT / path.lstrip("/")
+        assert source.is_file(), f"{page}: {{literalinclude}} {path}: no such file"
+        if pyobject:
+            assert defines(source, pyobject), f"{page}: {path} defines no {pyobject}"

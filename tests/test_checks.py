@@ -1,14 +1,19 @@
 """mha.checks: accepts the reference, rejects every catalogued mistake with its hint,
 and reports a crashing or malformed answer plainly."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import mha.checks as checks
 import mha.numpy as mn
-from mha.mistakes import MISTAKES
+from mha.checks import ch01, registry
+from mha.checks.registry import CHECKS, all_mistakes
 
-NAMES = list(checks.CASES)
+NAMES = list(CHECKS)
+MISTAKES = all_mistakes()
 REQUIRED = {"softmax", "self_attention", "symmetric_attention", "head_attention",
             "scaled_dot_product_attention", "split_heads", "merge_heads", "multihead_attention_loop",
             "multihead_attention", "causal_mask", "padding_mask", "layer_norm", "feed_forward",
@@ -19,6 +24,38 @@ def test_every_required_function_has_a_check():
     assert REQUIRED <= set(NAMES)
     for name in REQUIRED:
         assert callable(getattr(checks, f"check_{name}"))
+
+
+def test_the_package_exports_exactly_the_registered_checks():
+    assert set(checks.__all__) == {f"check_{name}" for name in NAMES} | {"CheckFailed"}
+    for name in NAMES:
+        check = getattr(checks, f"check_{name}")
+        assert (check.__module__, check.__name__) == ("mha.checks", f"check_{name}")
+
+
+def test_the_registry_refuses_a_mistake_without_cases_and_cases_registered_twice(monkeypatch):
+    monkeypatch.setattr(registry, "CHECKS", {})
+    with pytest.raises(LookupError, match=r"no cases are registered for softmax: .*@cases_for\('softmax'\)"):
+        registry.mistake("softmax", "a hint")(lambda x, axis=-1: x)
+    with pytest.raises(LookupError, match="no cases are registered for softmax"):
+        registry.make_check("softmax")
+    registry.cases_for("softmax")(ch01.softmax_cases)
+
+    def elsewhere():  # cases of the same name from another module
+        return []
+    with pytest.raises(ValueError, match="the cases of softmax are already registered in mha.checks.ch01"):
+        registry.cases_for("softmax")(elsewhere)
+
+
+MODULES = ["mha.checks"] + [f"mha.checks.{m}" for m in
+                            ("registry", "compare", "inputs", *(f"ch0{i}" for i in range(1, 10)))]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_each_module_imports_first_in_a_fresh_interpreter(module):
+    """No import circle: every module works when it is the first one imported."""
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -25,7 +25,8 @@ import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 from nbclient import NotebookClient
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
+
 sys.path.insert(0, str(ROOT / "tools"))
 import colab_cell  # noqa: E402
 

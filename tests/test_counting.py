@@ -1,11 +1,11 @@
-"""The counts of mha.counting against real modules and against a count by hand."""
+"""The counts of mha.experiments.counting against real modules and against a count by hand."""
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import mha.torch as mt
-from mha.counting import attention_multiply_adds, attention_parameters, head_width
+from mha.experiments.counting import attention_multiply_adds, attention_parameters, head_width
 
 
 def numel(module):

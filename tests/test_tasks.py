@@ -1,4 +1,4 @@
-"""mha.tasks: the toy sentence, the previous-token task and the training loop."""
+"""mha.experiments.tasks: the toy sentence, the previous-token task and the training loop."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 import mha.numpy as mn
 import mha.torch as mt
-from mha import tasks
+from mha.experiments import tasks
 
 T, D_TOKEN = 10, 8
 D = D_TOKEN + T  # token features plus a one-hot position code

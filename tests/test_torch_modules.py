@@ -6,7 +6,7 @@ import torch
 
 import mha.numpy as mn
 import mha.torch as mt
-from mha.heads import SumOfHeadsAttention
+from mha.experiments.heads import SumOfHeadsAttention
 from conftest import DEVICES, assert_close, assert_matches_cpu, on_device
 
 D, H, T = 6, 2, 4

@@ -70,10 +70,12 @@ def check_same(name_a, a, name_b, b, what):
         raise ValueError(f"{what} must match: {name_a}={a} but {name_b}={b}")
 
 
-def check_divisible(d_model, n_heads):
+def check_divisible(d_model, n_heads, what="d_model"):
+    """`what` (a width, d_model by default) must split evenly into n_heads heads."""
     check_int("n_heads", n_heads)
     if d_model % n_heads != 0:
-        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        raise ValueError(f"{what}={d_model} is not divisible by n_heads={n_heads}: "
+                         f"{d_model} = {d_model // n_heads} * {n_heads} + {d_model % n_heads}")
 
 
 def broadcast_batch(name_a, shape_a, name_b, shape_b):
@@ -90,6 +92,27 @@ def broadcast_batch(name_a, shape_a, name_b, shape_b):
             )
         out.append(max(x, y) if 0 not in (x, y) else 0)
     return tuple(out)
+
+
+def check_qkv(Q, K, V):
+    """Queries (..., T_q, d_k), keys (..., T_k, d_k) and values (..., T_k, d_v) that fit
+    together; returns the batch shape (...) they broadcast to."""
+    for name, a in (("Q", Q), ("K", K), ("V", V)):
+        check_sequence(name, a)
+    check_same("Q.shape[-1]", Q.shape[-1], "K.shape[-1]", K.shape[-1], "query and key widths")
+    check_same("K.shape[-2]", K.shape[-2], "V.shape[-2]", V.shape[-2], "numbers of keys and values")
+    batch = broadcast_batch("Q", Q.shape[:-2], "K", K.shape[:-2])
+    return broadcast_batch("K and Q", batch, "V", V.shape[:-2])
+
+
+def check_named_mask(name, mask_shape, is_bool, scores_shape, dtype_name):
+    """`check_mask` for a mask with its own name (self_mask, memory_mask): errors start with it."""
+    if name == "mask":
+        return check_mask(mask_shape, is_bool, scores_shape, dtype_name)
+    try:
+        check_mask(mask_shape, is_bool, scores_shape, dtype_name)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{name}: {error}") from None
 
 
 def check_mask(mask_shape, is_bool, scores_shape, dtype_name):

@@ -12,8 +12,8 @@ LayerNorm eps = 1e-12, and its names map one to one:
     attention.self.query / key / value  ->  attention.W_q / W_k / W_v
     attention.output.dense              ->  attention.W_o
     attention.output.LayerNorm          ->  norm_1
-    intermediate.dense                  ->  linear_1
-    output.dense                        ->  linear_2
+    intermediate.dense                  ->  feed_forward.linear_1
+    output.dense                        ->  feed_forward.linear_2
     output.LayerNorm                    ->  norm_2
 
 Both sides are `nn.Linear` (weight of shape (d_out, d_in)), so the weights copy
@@ -42,8 +42,8 @@ LAYER_NAMES = [
     ("attention.W_v", "attention.self.value"),
     ("attention.W_o", "attention.output.dense"),
     ("norm_1", "attention.output.LayerNorm"),
-    ("linear_1", "intermediate.dense"),
-    ("linear_2", "output.dense"),
+    ("feed_forward.linear_1", "intermediate.dense"),
+    ("feed_forward.linear_2", "output.dense"),
     ("norm_2", "output.LayerNorm"),
 ]
 
@@ -54,7 +54,7 @@ def require(module, pip_name):
         return importlib.import_module(module)
     except ImportError as error:
         raise ModuleNotFoundError(
-            f"mha.pretrained needs the package '{pip_name}', which is not installed "
+            f"mha.experiments.pretrained needs the package '{pip_name}', which is not installed "
             f"(import {module!r} failed: {error}). Install it with: pip install {pip_name} "
             f"(requirements.txt pins the version the course uses)", name=module,
         ) from error

@@ -1,7 +1,6 @@
 """Chapters 6 and 9 in PyTorch: the encoder block, the decoder block, and stacks of them.
 
-Import these from `mha.torch`; they live in their own file to keep files short.
-The arithmetic matches `torch.nn.TransformerEncoderLayer` and
+Import these from `mha.torch`. They build on `mha.torch.attention`. The arithmetic matches `torch.nn.TransformerEncoderLayer` and
 `torch.nn.TransformerDecoderLayer` step for step, dropout included, so their
 weights can be copied in and the outputs compared.
 """
@@ -11,8 +10,80 @@ import torch.nn.functional as F
 from torch import nn
 
 from mha import validate
+from mha.torch.attention import (MultiHeadAttention, causal_mask, check_mask_tensor, check_tensor, linear_bias,
+                                 linear_weight)
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+class FeedForward(nn.Module):
+    """The position-wise feed-forward network: linear, activation, dropout, linear, dropout.
+
+    (..., T, d_model) -> (..., T, d_model), through a hidden width d_ff.
+    """
+
+    def __init__(self, d_model, d_ff, *, activation="relu", dropout=0.0, bias=True, device=None, dtype=None):
+        super().__init__()
+        validate.check_activation(activation)
+        validate.check_int("d_ff", d_ff)
+        options = dict(bias=bias, device=device, dtype=dtype)
+        self.activation = activation
+        self.linear_1 = nn.Linear(d_model, d_ff, **options)
+        self.linear_2 = nn.Linear(d_ff, d_model, **options)
+        self.dropout_hidden = nn.Dropout(dropout)
+        self.dropout_ff = nn.Dropout(dropout)
+
+    def forward(self, x):
+        hidden = self.dropout_hidden(ACTIVATIONS[self.activation](self.linear_1(x)))  # (..., T, d_ff)
+        return self.dropout_ff(self.linear_2(hidden))  # (..., T, d_model)
+
+    def numpy_params(self):
+        """W_1, b_1, W_2, b_2 for `mha.numpy.feed_forward`, row-vector convention."""
+        return {"W_1": linear_weight(self.linear_1), "b_1": linear_bias(self.linear_1),
+                "W_2": linear_weight(self.linear_2), "b_2": linear_bias(self.linear_2)}
+
+
+def activation_name(layer):
+    """ "relu" or "gelu": the activation of a PyTorch Transformer layer, a function or a module."""
+    activation = layer.activation
+    if activation is F.relu or isinstance(activation, nn.ReLU):
+        return "relu"
+    if activation is F.gelu or (isinstance(activation, nn.GELU) and activation.approximate == "none"):
+        return "gelu"
+    raise ValueError(f"only relu and gelu activations can be copied (gelu without approximation), "
+                     f"got {activation!r}")
+
+
+def block_options(layer):
+    """The options of our block that copies `layer`, a PyTorch Transformer encoder or decoder layer."""
+    weight = layer.linear1.weight
+    return dict(dropout=layer.dropout.p, norm_first=layer.norm_first, eps=layer.norm1.eps,
+                activation=activation_name(layer), bias=layer.linear1.bias is not None,
+                device=weight.device, dtype=weight.dtype)
+
+
+def norms_of(block):
+    """Our block's LayerNorms in order: norm_1, norm_2 (and norm_3 in a decoder block)."""
+    return [getattr(block, f"norm_{i}") for i in range(1, 4) if hasattr(block, f"norm_{i}")]
+
+
+@torch.no_grad()
+def copy_norms_and_feed_forward(block, layer):
+    """Load a PyTorch layer's norm1, norm2 (, norm3), linear1 and linear2 into our block."""
+    for i, norm in enumerate(norms_of(block), start=1):
+        norm.load_state_dict(getattr(layer, f"norm{i}").state_dict())
+    block.feed_forward.linear_1.load_state_dict(layer.linear1.state_dict())
+    block.feed_forward.linear_2.load_state_dict(layer.linear2.state_dict())
+    return block.train(layer.training)
+
+
+def norm_and_feed_forward_params(block):
+    """gamma_i, beta_i of every LayerNorm, and W_1, b_1, W_2, b_2, row-vector convention."""
+    params = {}
+    for i, norm in enumerate(norms_of(block), start=1):
+        params[f"gamma_{i}"] = norm.weight.detach().cpu().numpy()
+        params[f"beta_{i}"] = linear_bias(norm)
+    return {**params, **block.feed_forward.numpy_params()}
 
 
 class EncoderBlock(nn.Module):
@@ -25,27 +96,18 @@ class EncoderBlock(nn.Module):
     def __init__(self, d_model, n_heads, d_ff, *, dropout=0.0, norm_first=False, eps=1e-5,
                  activation="relu", bias=True, device=None, dtype=None):
         super().__init__()
-        validate.check_activation(activation)
-        validate.check_int("d_ff", d_ff)
         options = dict(bias=bias, device=device, dtype=dtype)
         self.d_model, self.norm_first, self.activation = d_model, norm_first, activation
         self.attention = MultiHeadAttention(d_model, n_heads, dropout=dropout, **options)
         self.norm_1 = nn.LayerNorm(d_model, eps=eps, **options)
-        self.linear_1 = nn.Linear(d_model, d_ff, **options)
-        self.linear_2 = nn.Linear(d_ff, d_model, **options)
+        self.feed_forward = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, **options)
         self.norm_2 = nn.LayerNorm(d_model, eps=eps, **options)
         self.dropout_attention = nn.Dropout(dropout)
-        self.dropout_hidden = nn.Dropout(dropout)
-        self.dropout_ff = nn.Dropout(dropout)
 
     def attend(self, x, mask, return_weights):
         out = self.attention(x, mask=mask, return_weights=return_weights)
         out, weights = out if return_weights else (out, None)
         return self.dropout_attention(out), weights
-
-    def feed_forward(self, x):
-        hidden = self.dropout_hidden(ACTIVATIONS[self.activation](self.linear_1(x)))  # (..., T, d_ff)
-        return self.dropout_ff(self.linear_2(hidden))  # (..., T, d_model)
 
     def forward(self, x, mask=None, return_weights=False):
         check_tensor("x", x, self.d_model)
@@ -61,35 +123,17 @@ class EncoderBlock(nn.Module):
 
     @classmethod
     def from_torch(cls, layer):
-        """A copy of a `torch.nn.TransformerEncoderLayer` (relu or gelu activation)."""
+        """A copy of a `torch.nn.TransformerEncoderLayer` (relu or exact gelu activation)."""
         if not isinstance(layer, nn.TransformerEncoderLayer):
             raise TypeError(f"expected a torch.nn.TransformerEncoderLayer, got {type(layer).__name__}")
-        kinds = {1: "relu", 2: "gelu"}
-        if layer.activation_relu_or_gelu not in kinds:
-            raise ValueError("only relu and gelu activations can be copied, got "
-                             f"{layer.activation!r}")
-        weight = layer.linear1.weight
         ours = cls(layer.linear1.in_features, layer.self_attn.num_heads, layer.linear1.out_features,
-                   dropout=layer.dropout.p, norm_first=layer.norm_first, eps=layer.norm1.eps,
-                   activation=kinds[layer.activation_relu_or_gelu],
-                   bias=layer.linear1.bias is not None, device=weight.device, dtype=weight.dtype)
+                   **block_options(layer))
         ours.attention = MultiHeadAttention.from_torch(layer.self_attn)
-        pairs = [(ours.norm_1, layer.norm1), (ours.norm_2, layer.norm2),
-                 (ours.linear_1, layer.linear1), (ours.linear_2, layer.linear2)]
-        for mine, theirs in pairs:
-            mine.load_state_dict(theirs.state_dict())
-        return ours.train(layer.training)
+        return copy_norms_and_feed_forward(ours, layer)
 
     def numpy_params(self):
         """The parameters of `mha.numpy.encoder_block`, row-vector convention."""
-        params = self.attention.numpy_params()
-        for i, norm in ((1, self.norm_1), (2, self.norm_2)):
-            params[f"gamma_{i}"] = norm.weight.detach().cpu().numpy()
-            params[f"beta_{i}"] = linear_bias(norm)
-        for i, linear in ((1, self.linear_1), (2, self.linear_2)):
-            params[f"W_{i}"] = linear_weight(linear)
-            params[f"b_{i}"] = linear_bias(linear)
-        return params
+        return {**self.attention.numpy_params(), **norm_and_feed_forward_params(self)}
 
 
 def copy_stack(cls, stack, torch_type, block_type):
@@ -140,19 +184,6 @@ def layer_norm(x, gamma, beta, eps=1e-5):
 
 # The decoder (chapter 9) ------------------------------------------------------------------
 
-def check_named_mask(name, mask, scores_shape):
-    """A boolean mask tensor (or None) that broadcasts to the scores; errors name the mask."""
-    if mask is None:
-        return None
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of booleans, got {type(mask).__name__}")
-    try:
-        validate.check_mask(mask.shape, mask.dtype == torch.bool, scores_shape, mask.dtype)
-    except (TypeError, ValueError) as error:
-        raise type(error)(f"{name}: {error}") from None
-    return mask
-
-
 class DecoderBlock(nn.Module):
     """Masked self-attention, cross-attention to the encoder's output (`memory`), feed-forward.
 
@@ -164,17 +195,13 @@ class DecoderBlock(nn.Module):
     def __init__(self, d_model, n_heads, d_ff, *, dropout=0.0, norm_first=False, eps=1e-5,
                  activation="relu", bias=True, device=None, dtype=None):
         super().__init__()
-        validate.check_activation(activation)
-        validate.check_int("d_ff", d_ff)
         options = dict(bias=bias, device=device, dtype=dtype)
         self.d_model, self.norm_first, self.activation = d_model, norm_first, activation
         self.self_attention = MultiHeadAttention(d_model, n_heads, dropout=dropout, **options)
         self.cross_attention = MultiHeadAttention(d_model, n_heads, dropout=dropout, **options)
         self.norm_1, self.norm_2, self.norm_3 = (nn.LayerNorm(d_model, eps=eps, **options) for _ in range(3))
-        self.linear_1 = nn.Linear(d_model, d_ff, **options)
-        self.linear_2 = nn.Linear(d_ff, d_model, **options)
-        self.dropout_self, self.dropout_cross, self.dropout_hidden, self.dropout_ff = (
-            nn.Dropout(dropout) for _ in range(4))
+        self.feed_forward = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, **options)
+        self.dropout_self, self.dropout_cross = nn.Dropout(dropout), nn.Dropout(dropout)
 
     def masks(self, x, memory, self_mask, memory_mask, causal):
         """Check the inputs; return both masks, the causal mask folded into self_mask if asked."""
@@ -182,8 +209,10 @@ class DecoderBlock(nn.Module):
         check_tensor("memory", memory, self.d_model, "the decoder block")
         batch = validate.broadcast_batch("x", x.shape[:-2], "memory", memory.shape[:-2])
         h, T, T_k = self.self_attention.n_heads, x.shape[-2], memory.shape[-2]
-        self_mask = check_named_mask("self_mask", self_mask, (*batch, h, T, T))
-        memory_mask = check_named_mask("memory_mask", memory_mask, (*batch, h, T, T_k))
+        if self_mask is not None:
+            check_mask_tensor(self_mask, (*batch, h, T, T), "self_mask")
+        if memory_mask is not None:
+            check_mask_tensor(memory_mask, (*batch, h, T, T_k), "memory_mask")
         if causal:
             future = causal_mask(T, device=x.device)  # (T, T)
             self_mask = future if self_mask is None else self_mask & future  # allowed only if allowed by both
@@ -195,8 +224,6 @@ class DecoderBlock(nn.Module):
         out = attention(x, context=context, mask=mask, return_weights=return_weights)
         out, weights = out if return_weights else (out, None)
         return dropout(out), weights
-
-    feed_forward = EncoderBlock.feed_forward  # the same network, with the same attribute names
 
     def forward(self, x, memory, self_mask=None, memory_mask=None, causal=False, return_weights=False):
         """x: (..., T, d), the target; memory: (..., T_k, d). Masks: True = may attend;
@@ -225,33 +252,17 @@ class DecoderBlock(nn.Module):
         """
         if not isinstance(layer, nn.TransformerDecoderLayer):
             raise TypeError(f"expected a torch.nn.TransformerDecoderLayer, got {type(layer).__name__}")
-        kinds = {F.relu: "relu", F.gelu: "gelu"}
-        if layer.activation not in kinds:
-            raise ValueError(f"only relu and gelu activations can be copied, got {layer.activation!r}")
-        weight = layer.linear1.weight
         ours = cls(layer.linear1.in_features, layer.self_attn.num_heads, layer.linear1.out_features,
-                   dropout=layer.dropout.p, norm_first=layer.norm_first, eps=layer.norm1.eps,
-                   activation=kinds[layer.activation], bias=layer.linear1.bias is not None,
-                   device=weight.device, dtype=weight.dtype)
+                   **block_options(layer))
         ours.self_attention = MultiHeadAttention.from_torch(layer.self_attn)
         ours.cross_attention = MultiHeadAttention.from_torch(layer.multihead_attn)
-        pairs = [(ours.norm_1, layer.norm1), (ours.norm_2, layer.norm2), (ours.norm_3, layer.norm3),
-                 (ours.linear_1, layer.linear1), (ours.linear_2, layer.linear2)]
-        for mine, theirs in pairs:
-            mine.load_state_dict(theirs.state_dict())
-        return ours.train(layer.training)
+        return copy_norms_and_feed_forward(ours, layer)
 
     def numpy_params(self):
         """The parameters of `mha.numpy.decoder_block`, row-vector convention."""
         params = {f"self_{k}": v for k, v in self.self_attention.numpy_params().items()}
         params.update({f"cross_{k}": v for k, v in self.cross_attention.numpy_params().items()})
-        for i, norm in enumerate((self.norm_1, self.norm_2, self.norm_3), start=1):
-            params[f"gamma_{i}"] = norm.weight.detach().cpu().numpy()
-            params[f"beta_{i}"] = linear_bias(norm)
-        for i, linear in ((1, self.linear_1), (2, self.linear_2)):
-            params[f"W_{i}"] = linear_weight(linear)
-            params[f"b_{i}"] = linear_bias(linear)
-        return params
+        return {**params, **norm_and_feed_forward_params(self)}
 
 
 class Decoder(nn.Module):
@@ -278,8 +289,3 @@ class Decoder(nn.Module):
     def numpy_params(self):
         """A list with one `mha.numpy.decoder_block` parameter dict per block."""
         return [layer.numpy_params() for layer in self.layers]
-
-
-# Imported last, not first: mha.torch imports this module at its own end, so either of
-# the two can be imported first (the functions above look these names up when called).
-from mha.torch import MultiHeadAttention, causal_mask, check_tensor, linear_bias, linear_weight  # noqa: E402

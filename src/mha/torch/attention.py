@@ -7,6 +7,8 @@ device and with the dtype of the input, so the modules run on CPU, GPU or `meta`
 
 `nn.Linear` stores its weight as (d_out, d_in) and computes x @ weight.T; the
 NumPy face uses W of shape (d_in, d_out). `numpy_params()` converts.
+
+`mha.torch.chunked` and `mha.torch.blocks` build on this module.
 """
 
 import math
@@ -32,10 +34,18 @@ def check_tensor(name, x, width=None, input_name=None):
         )
 
 
-def check_mask_tensor(mask, scores_shape):
+def check_mask_tensor(mask, scores_shape, name="mask"):
+    """A boolean tensor that broadcasts to `scores_shape`; errors name the mask."""
     if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"mask must be a torch.Tensor of booleans, got {type(mask).__name__}")
-    validate.check_mask(mask.shape, mask.dtype == torch.bool, scores_shape, mask.dtype)
+        raise TypeError(f"{name} must be a torch.Tensor of booleans, got {type(mask).__name__}")
+    validate.check_named_mask(name, mask.shape, mask.dtype == torch.bool, scores_shape, mask.dtype)
+
+
+def check_qkv_tensors(Q, K, V):
+    """Q, K and V must be floating tensors that fit together; returns their batch shape."""
+    for name, a in (("Q", Q), ("K", K), ("V", V)):
+        check_tensor(name, a)
+    return validate.check_qkv(Q, K, V)
 
 
 def masked_softmax(scores, mask=None):
@@ -67,12 +77,7 @@ def scaled_dot_product_attention(Q, K, V, mask=None, dropout=0.0):
     Q: (..., T_q, d_k), K: (..., T_k, d_k), V: (..., T_k, d_v).
     Returns out (..., T_q, d_v) and weights (..., T_q, T_k) (before dropout).
     """
-    for name, a in (("Q", Q), ("K", K), ("V", V)):
-        check_tensor(name, a)
-    validate.check_same("Q.shape[-1]", Q.shape[-1], "K.shape[-1]", K.shape[-1], "query and key widths")
-    validate.check_same("K.shape[-2]", K.shape[-2], "V.shape[-2]", V.shape[-2], "numbers of keys and values")
-    batch = validate.broadcast_batch("Q", Q.shape[:-2], "K", K.shape[:-2])
-    validate.broadcast_batch("K and Q", batch, "V", V.shape[:-2])
+    batch = check_qkv_tensors(Q, K, V)
     if mask is not None:
         check_mask_tensor(mask, (*batch, Q.shape[-2], K.shape[-2]))  # the scores' shape
     Q, K, V = Q.contiguous(), K.contiguous(), V.contiguous()  # split heads are views: copy once, here
@@ -119,41 +124,6 @@ def with_causal(mask, T_q, T_k, device):
     """`mask` (or None) and query i attends to keys 0..i, as `is_causal=True` in PyTorch."""
     causal = torch.ones(T_q, T_k, dtype=torch.bool, device=device).tril()  # (T_q, T_k)
     return causal if mask is None else mask & causal
-
-
-def chunked_attention(Q, K, V, mask=None, chunk=256):
-    """Twin of `mha.numpy.chunked_attention`: keys in blocks, online softmax, returns out only.
-
-    Never forms the (..., T_q, T_k) scores in the forward pass (autograd keeps each
-    block for the backward pass; FlashAttention recomputes them instead).
-    """
-    for name, a in (("Q", Q), ("K", K), ("V", V)):
-        check_tensor(name, a)
-    validate.check_same("Q.shape[-1]", Q.shape[-1], "K.shape[-1]", K.shape[-1], "query and key widths")
-    validate.check_same("K.shape[-2]", K.shape[-2], "V.shape[-2]", V.shape[-2], "numbers of keys and values")
-    batch = validate.broadcast_batch("Q", Q.shape[:-2], "K", K.shape[:-2])
-    batch = validate.broadcast_batch("K and Q", batch, "V", V.shape[:-2])
-    validate.check_int("chunk", chunk)
-    shape = (*batch, Q.shape[-2], K.shape[-2])  # (..., T_q, T_k): never allocated
-    if mask is not None:
-        check_mask_tensor(mask, shape)
-        mask = mask.expand(shape)  # a view
-    Q = Q / math.sqrt(Q.shape[-1])
-    row_max = Q.new_full((*shape[:-1], 1), float("-inf"))  # (..., T_q, 1)
-    row_sum = Q.new_zeros((*shape[:-1], 1))  # (..., T_q, 1)
-    acc = Q.new_zeros((*shape[:-1], V.shape[-1]))  # (..., T_q, d_v)
-    for start in range(0, shape[-1], chunk):
-        scores = Q @ K[..., start:start + chunk, :].transpose(-2, -1)  # (..., T_q, c)
-        if mask is not None:
-            scores = scores.masked_fill(~mask[..., start:start + chunk], float("-inf"))
-        new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
-        safe_max = torch.where(new_max.isfinite(), new_max, 0.0)  # no key allowed yet: avoid -inf - (-inf)
-        rescale = torch.exp(row_max - safe_max)  # (..., T_q, 1)
-        p = torch.exp(scores - safe_max)  # (..., T_q, c); 0 where masked
-        row_sum = row_sum * rescale + p.sum(dim=-1, keepdim=True)
-        acc = acc * rescale + p @ V[..., start:start + chunk, :]
-        row_max = new_max
-    return acc / torch.where(row_sum > 0, row_sum, 1.0)  # an empty row has acc = 0: stays 0
 
 
 def linear_weight(layer):
@@ -241,6 +211,22 @@ class MultiHeadAttentionLoop(nn.Module):
         weights = torch.stack([w for _, w in results], dim=-3)  # (..., h, T_q, T_k)
         return (out, weights) if return_weights else out
 
+    @classmethod
+    def from_fused(cls, fused):
+        """The loop that computes what a `MultiHeadAttention` without biases computes:
+        head i takes row block i of each nn.Linear weight (column block i of W_q, W_k, W_v)."""
+        if not isinstance(fused, MultiHeadAttention) or fused.W_q.bias is not None:
+            raise TypeError(f"expected a mha.torch.MultiHeadAttention with bias=False, got {fused!r}")
+        weight = fused.W_o.weight
+        loop = cls(fused.d_model, fused.n_heads, device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            for n in "qkv":
+                rows = getattr(fused, f"W_{n}").weight.chunk(fused.n_heads, dim=0)  # (d_head, d) each
+                for head, block in zip(loop.heads, rows):
+                    getattr(head, f"W_{n}").weight.copy_(block)
+            loop.W_o.weight.copy_(weight)
+        return loop.train(fused.training)
+
     def numpy_params(self):
         heads = [tuple(head.numpy_params().values()) for head in self.heads]
         return {"heads": heads, "W_o": linear_weight(self.W_o)}
@@ -320,12 +306,3 @@ class MultiHeadAttention(nn.Module):
         params = {f"W_{n}": linear_weight(layer) for n, layer in layers.items()}
         params.update({f"b_{n}": linear_bias(layer) for n, layer in layers.items()})
         return params
-
-
-from mha.torch_blocks import Decoder, DecoderBlock, Encoder, EncoderBlock, layer_norm  # noqa: E402  (they build on the above)
-
-__all__ = [
-    "scaled_dot_product_attention", "chunked_attention", "split_heads", "merge_heads", "causal_mask",
-    "padding_mask", "masked_softmax", "SymmetricAttention", "HeadAttention", "MultiHeadAttentionLoop",
-    "MultiHeadAttention", "EncoderBlock", "Encoder", "DecoderBlock", "Decoder", "layer_norm",
-]

@@ -24,21 +24,7 @@ import math
 import numpy as np
 
 from mha import validate
-
-
-def check_attention_inputs(Q, K, V, mask, chunk):
-    """The checks of `scaled_dot_product_attention`, plus `chunk`; returns the scores' shape."""
-    for name, a in (("Q", Q), ("K", K), ("V", V)):
-        validate.check_sequence(name, a)
-    validate.check_same("Q.shape[-1]", Q.shape[-1], "K.shape[-1]", K.shape[-1], "query and key widths")
-    validate.check_same("K.shape[-2]", K.shape[-2], "V.shape[-2]", V.shape[-2], "numbers of keys and values")
-    batch = validate.broadcast_batch("Q", Q.shape[:-2], "K", K.shape[:-2])
-    batch = validate.broadcast_batch("K and Q", batch, "V", V.shape[:-2])
-    validate.check_int("chunk", chunk)
-    shape = (*batch, Q.shape[-2], K.shape[-2])  # (..., T_q, T_k): never allocated
-    if mask is not None:
-        validate.check_mask(mask.shape, mask.dtype == bool, shape, mask.dtype)
-    return shape
+from mha.numpy.attention import as_float_array, as_mask, transpose
 
 
 def chunked_attention(Q, K, V, mask=None, chunk=256):
@@ -50,10 +36,10 @@ def chunked_attention(Q, K, V, mask=None, chunk=256):
     A query with nothing to attend to gets a zero output, as elsewhere.
     """
     Q, K, V = (as_float_array(n, a) for n, a in (("Q", Q), ("K", K), ("V", V)))
-    mask = None if mask is None else np.asarray(mask)
-    shape = check_attention_inputs(Q, K, V, mask, chunk)  # (..., T_q, T_k)
-    if mask is not None:
-        mask = np.broadcast_to(mask, shape)  # a view: no T_q x T_k array is made
+    batch = validate.check_qkv(Q, K, V)
+    validate.check_int("chunk", chunk)
+    shape = (*batch, Q.shape[-2], K.shape[-2])  # (..., T_q, T_k): never allocated
+    mask = None if mask is None else np.broadcast_to(as_mask(mask, shape), shape)  # a view
     Q = Q / math.sqrt(Q.shape[-1])  # scale the queries once, not every block of scores
     Q = np.broadcast_to(Q, (*shape[:-2], *Q.shape[-2:]))  # a view: blocks get the full batch shape
     dtype = np.result_type(Q, K, V)
@@ -74,8 +60,3 @@ def chunked_attention(Q, K, V, mask=None, chunk=256):
         acc = acc * rescale + p @ V[..., block, :]
         row_max = new_max
     return np.divide(acc, row_sum, out=np.zeros_like(acc), where=row_sum > 0)  # empty rows stay 0
-
-
-# Imported last, not first: mha.numpy imports this module at its own end, so either of
-# the two can be imported first (the functions above look these names up when called).
-from mha.numpy import as_float_array, transpose  # noqa: E402

@@ -88,7 +88,7 @@ class TwoRelationTask:
         return (float(errors[..., : self.d_value].mean()), float(errors[..., self.d_value:].mean()))
 
     def make_batch(self, batch_size):
-        """A function generator -> (inputs, targets), as `mha.tasks.train` wants."""
+        """A function generator -> (inputs, targets), as `mha.experiments.tasks.train` wants."""
         return lambda generator: self.batch(batch_size, generator)[:2]
 
     def labels(self, symbols):
@@ -196,7 +196,7 @@ def sum_of_heads(module):
     """`module` if it is a SumOfHeadsAttention, else its `.attention` (e.g. an AttentionReadout)."""
     attention = getattr(module, "attention", module)
     if not isinstance(attention, SumOfHeadsAttention):
-        raise TypeError("expected a mha.heads.SumOfHeadsAttention or a model whose .attention is one, "
+        raise TypeError("expected a mha.experiments.heads.SumOfHeadsAttention or a model whose .attention is one, "
                         f"got {type(module).__name__}")
     return attention
 

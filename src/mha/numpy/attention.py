@@ -29,6 +29,15 @@ def transpose(X):
     return np.swapaxes(X, -1, -2)
 
 
+def as_mask(mask, scores_shape, name="mask"):
+    """`mask` (or None) as a boolean array that broadcasts to `scores_shape`."""
+    if mask is None:
+        return None
+    mask = np.asarray(mask)
+    validate.check_named_mask(name, mask.shape, mask.dtype == bool, scores_shape, mask.dtype)
+    return mask
+
+
 def softmax(x, axis=-1):
     """exp(x) / sum(exp(x)) along `axis`, computed without overflow."""
     x = as_float_array("x", x)
@@ -103,16 +112,9 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
     Returns out (..., T_q, d_v) and weights (..., T_q, T_k).
     """
     Q, K, V = (as_float_array(n, a) for n, a in (("Q", Q), ("K", K), ("V", V)))
-    for name, a in (("Q", Q), ("K", K), ("V", V)):
-        validate.check_sequence(name, a)
-    validate.check_same("Q.shape[-1]", Q.shape[-1], "K.shape[-1]", K.shape[-1], "query and key widths")
-    validate.check_same("K.shape[-2]", K.shape[-2], "V.shape[-2]", V.shape[-2], "numbers of keys and values")
-    batch = validate.broadcast_batch("Q", Q.shape[:-2], "K", K.shape[:-2])
-    validate.broadcast_batch("K and Q", batch, "V", V.shape[:-2])
+    batch = validate.check_qkv(Q, K, V)
+    mask = as_mask(mask, (*batch, Q.shape[-2], K.shape[-2]))  # the scores' shape
     scores = (Q / math.sqrt(Q.shape[-1])) @ transpose(K)  # (..., T_q, T_k); scaling Q is cheaper
-    if mask is not None:
-        mask = np.asarray(mask)
-        validate.check_mask(mask.shape, mask.dtype == bool, scores.shape, mask.dtype)
     weights = masked_softmax_(scores, mask)  # scores is ours: softmax it in place
     return weights @ V, weights
 
@@ -159,6 +161,21 @@ def merge_heads(X):
     return X.reshape(*batch, T, h * d_head)  # (..., T, h * d_head)
 
 
+def heads_from_fused(W_q, W_k, W_v, n_heads):
+    """The per-head weights hidden in fused ones: head i owns column block i of each matrix.
+
+    W_q, W_k, W_v: (d, h * d_head) -> [(W_q_i, W_k_i, W_v_i), ...], each (d, d_head),
+    the `heads` argument of `multihead_attention_loop`.
+    """
+    blocks = []
+    for name, W in (("W_q", W_q), ("W_k", W_k), ("W_v", W_v)):
+        W = as_float_array(name, W)
+        validate.check_matrix(name, W)
+        validate.check_divisible(W.shape[1], n_heads, f"the width of {name}")
+        blocks.append(np.split(W, n_heads, axis=1))  # h blocks of (d, d_head)
+    return list(zip(*blocks))
+
+
 def attention_shape(X, context, n_heads):
     """The shape of the scores, (..., h, T_q, T_k), once X and context broadcast."""
     batch = validate.broadcast_batch("X", X.shape[:-2], "context", context.shape[:-2])
@@ -178,11 +195,8 @@ def multihead_attention_loop(X, heads, W_o, *, context=None, mask=None):
     validate.check_sequence("context", source)
     if len(heads) < 1:
         raise ValueError("heads must hold at least one (W_q, W_k, W_v) triple, got none")
-    shape = attention_shape(X, source, len(heads))
-    if mask is not None:
-        mask = np.asarray(mask)
-        validate.check_mask(mask.shape, mask.dtype == bool, shape, mask.dtype)
-        mask = np.broadcast_to(mask, shape)  # (..., h, T_q, T_k)
+    shape = attention_shape(X, source, len(heads))  # (..., h, T_q, T_k)
+    mask = None if mask is None else np.broadcast_to(as_mask(mask, shape), shape)
     outputs, weights = [], []
     for i, (W_q, W_k, W_v) in enumerate(heads):
         head_mask = None if mask is None else mask[..., i, :, :]  # (..., T_q, T_k)
@@ -224,7 +238,7 @@ def multihead_attention(X, W_q, W_k, W_v, W_o, n_heads, *, context=None, mask=No
     V = project("W_v", source, W_v, b_v, "context")  # (..., T_k, d_model)
     validate.check_same("W_q.shape[1]", Q.shape[-1], "W_k.shape[1]", K.shape[-1], "query and key widths")
     validate.check_divisible(Q.shape[-1], n_heads)
-    validate.check_divisible(V.shape[-1], n_heads)
+    validate.check_divisible(V.shape[-1], n_heads, "the values' width d_v")
     Q, K, V = (split_heads(a, n_heads) for a in (Q, K, V))  # (..., h, T, d_head)
     out, weights = scaled_dot_product_attention(Q, K, V, mask)  # (..., h, T_q, d_head)
     return project("W_o", merge_heads(out), W_o, b_o, "the merged heads"), weights
@@ -261,11 +275,3 @@ def attention_at_offset(weights, offset):
         raise ValueError(f"offset={offset} leaves no query with a key at that distance: "
                          f"weights have T_q={T_q} queries and T_k={T_k} keys")
     return np.diagonal(weights, offset, axis1=-2, axis2=-1).mean(axis=-1)  # weights[..., i, i + offset]
-
-
-# Built on the functions above, in files of their own (import mha.numpy, not them):
-from mha.chunked import chunked_attention  # noqa: E402  (attention in bounded memory, chapter 8)
-from mha.numpy_blocks import (  # noqa: E402  (encoder and decoder blocks, chapters 6 and 9)
-    ATTENTION_PARAMS, BLOCK_PARAMS, DECODER_BLOCK_PARAMS, OPTIONAL_PARAMS, decoder, decoder_block,
-    encoder, encoder_block, feed_forward, gelu, layer_norm, relu,
-)

@@ -1,8 +1,8 @@
 """Chapters 6 and 9 in NumPy: LayerNorm, the feed-forward network, the encoder
 and decoder blocks, and stacks of them.
 
-Import these from `mha.numpy`; they live in their own file to keep files short,
-as `mha.torch_blocks` does for the PyTorch face.
+Import these from `mha.numpy`. They build on `mha.numpy.attention`, as
+`mha.torch.blocks` does in the PyTorch face.
 """
 
 import math
@@ -11,6 +11,8 @@ import numpy as np
 from scipy.special import erf
 
 from mha import validate
+from mha.numpy.attention import (as_float_array, as_mask, attention_shape, causal_mask, multihead_attention,
+                                 project)
 
 
 def layer_norm(X, gamma, beta, eps=1e-5):
@@ -134,18 +136,6 @@ def check_decoder_params(params):
         )
 
 
-def check_named_mask(name, mask, scores_shape):
-    """`mask` as an array (or None), checked against the scores' shape; errors name the mask."""
-    if mask is None:
-        return None
-    mask = np.asarray(mask)
-    try:
-        validate.check_mask(mask.shape, mask.dtype == bool, scores_shape, mask.dtype)
-    except (TypeError, ValueError) as error:
-        raise type(error)(f"{name}: {error}") from None
-    return mask
-
-
 def decoder_block(X, memory, n_heads, *, self_mask=None, memory_mask=None, causal=False,
                   norm_first=False, eps=1e-5, activation="relu", **params):
     """Masked self-attention, cross-attention to `memory`, feed-forward; each with residual and LayerNorm.
@@ -167,8 +157,8 @@ def decoder_block(X, memory, n_heads, *, self_mask=None, memory_mask=None, causa
     validate.check_same("X.shape[-1]", X.shape[-1], "memory.shape[-1]", memory.shape[-1],
                         "widths of X and memory")
     validate.broadcast_batch("X", X.shape[:-2], "memory", memory.shape[:-2])
-    self_mask = check_named_mask("self_mask", self_mask, attention_shape(X, X, n_heads))
-    memory_mask = check_named_mask("memory_mask", memory_mask, attention_shape(X, memory, n_heads))
+    self_mask = as_mask(self_mask, attention_shape(X, X, n_heads), "self_mask")
+    memory_mask = as_mask(memory_mask, attention_shape(X, memory, n_heads), "memory_mask")
     if causal:
         future = causal_mask(X.shape[-2])  # (T, T)
         self_mask = future if self_mask is None else self_mask & future  # allowed only if allowed by both
@@ -212,8 +202,3 @@ def decoder(X, memory, layers, n_heads, *, self_mask=None, memory_mask=None, cau
                                    activation=activation, **params)
         all_weights.append(weights)
     return X, all_weights
-
-
-# Imported last, not first: mha.numpy imports this module at its own end, so either of
-# the two can be imported first (the functions above look these names up when called).
-from mha.numpy import as_float_array, attention_shape, causal_mask, multihead_attention, project  # noqa: E402

@@ -1,0 +1,50 @@
+"""Chapter 7, why heads differ: the check of `attention_at_offset`, its cases and
+its catalogued mistakes."""
+
+import numpy as np
+
+import mha.numpy as mn
+from mha.checks.inputs import rng
+from mha.checks.registry import Case, cases_for, make_check, mistake
+
+
+@cases_for("attention_at_offset")
+def attention_at_offset_cases():
+    """Offsets back, forward and 0, on one head, heads and a batch of heads, and T_k > T_q."""
+    r = rng()
+
+    def rows(*shape):  # attention weights: each row sums to 1
+        return mn.softmax(2 * r.standard_normal(shape))
+
+    return [
+        Case("one head, the previous token", (rows(5, 5), -1)),
+        Case("heads, the next token", (rows(3, 6, 6), 1)),
+        Case("a batch of heads, the token itself", (rows(2, 3, 4, 4), 0)),
+        Case("two tokens back", (rows(2, 6, 6), -2)),
+        Case("more keys than queries", (rows(3, 5), 2)),
+    ]
+
+
+@mistake("attention_at_offset", "offset -1 is the key just BEFORE the query: read weights[..., i, i + offset], "
+         "not weights[..., i, i - offset]")
+def offset_sign_flipped(weights, offset):
+    return np.diagonal(np.asarray(weights, dtype=float), -offset, axis1=-2, axis2=-1).mean(axis=-1)
+
+
+@mistake("attention_at_offset", "average over the queries that have a key at that offset "
+         "(T - |offset| of them), not over all T_q queries")
+def offset_divided_by_all_queries(weights, offset):
+    weights = np.asarray(weights, dtype=float)
+    return np.diagonal(weights, offset, axis1=-2, axis2=-1).sum(axis=-1) / weights.shape[-2]
+
+
+@mistake("attention_at_offset", "the first token has no previous token: do not wrap around to the "
+         "last key (skip the queries whose key i + offset does not exist)")
+def offset_wraps_around(weights, offset):
+    weights = np.asarray(weights, dtype=float)
+    T_q, T_k = weights.shape[-2:]
+    keys = (np.arange(T_q) + offset) % T_k
+    return weights[..., np.arange(T_q), keys].mean(axis=-1)
+
+
+check_attention_at_offset = make_check("attention_at_offset")

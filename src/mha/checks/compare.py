@@ -1,0 +1,122 @@
+"""How a check compares a learner's answer with the reference's, and says in words
+what it tried and how the two differ.
+
+A result is one array or a tuple of arrays, perhaps nested; its *structure*
+names the parts: None for one array, ("out", "weights") for a pair, or
+("out", ("self_weights", "cross_weights")) for a nested tuple.
+"""
+
+import inspect
+
+import numpy as np
+
+RTOL, ATOL = 1e-5, 1e-8
+
+
+def describe_value(name, value):
+    """One input in words, e.g. "X: shape (2, 5, 3) float64" or "exclude_self=True"."""
+    if isinstance(value, np.ndarray):
+        return f"{name}: shape {value.shape} {value.dtype}"
+    if isinstance(value, dict):
+        return f"{name}: {{{', '.join(value)}}}" if name != "params" else "the block's parameters"
+    if isinstance(value, list):
+        return f"{name}: list of {len(value)}"
+    return f"{name}={value!r}"
+
+
+def describe_case(reference, case):
+    """The case's inputs by parameter name, e.g. "X: shape (2, 5, 3) float64, exclude_self=True"."""
+    bound = inspect.signature(reference).bind(*case.args, **case.kwargs)
+    return ", ".join(describe_value(k, v) for k, v in bound.arguments.items())
+
+
+def describe_array(a):
+    """An array's shape and dtype, e.g. "shape (4, 5) float64"."""
+    a = np.asarray(a)
+    return f"shape {a.shape} {a.dtype}"
+
+
+def describe_structure(structure):
+    """A structure as the learner would write the tuple, e.g. "(out, (self_weights, cross_weights))"."""
+    inner = ", ".join(p if isinstance(p, str) else describe_structure(p) for p in structure)
+    return f"({inner})"
+
+
+def compare_arrays(what, expected, got):
+    """None if `got` equals `expected`, else a message saying how they differ."""
+    if not isinstance(got, np.ndarray) and not np.isscalar(got):
+        try:
+            got = np.asarray(got)
+        except Exception:  # e.g. a torch tensor that needs grad
+            return f"{what}: expected a NumPy array, got {type(got).__name__}"
+    got = np.asarray(got)
+    if got.shape != expected.shape:
+        return f"{what}: expected {describe_array(expected)}, got {describe_array(got)}"
+    if expected.dtype == bool:
+        return compare_booleans(what, expected, got)
+    if not np.issubdtype(got.dtype, np.number):
+        return f"{what}: expected numbers, got dtype {got.dtype}"
+    return compare_numbers(what, expected, got)
+
+
+def compare_booleans(what, expected, got):
+    """None if the boolean arrays are equal, else the number of differences and the first one."""
+    if got.dtype != bool:
+        return f"{what}: expected a boolean array, got dtype {got.dtype}"
+    wrong = np.argwhere(got != expected)
+    if len(wrong):
+        i = tuple(int(n) for n in wrong[0])
+        return (f"{what}: {len(wrong)} of {got.size} entries differ; first at index {i}: "
+                f"expected {expected[i]}, got {got[i]}")
+    return None
+
+
+def compare_numbers(what, expected, got):
+    """None if the numbers agree within RTOL and ATOL, else where they differ most (or are not finite)."""
+    bad = ~np.isfinite(got) & np.isfinite(expected)
+    if bad.any():
+        i = tuple(int(n) for n in np.argwhere(bad)[0])
+        return f"{what}: got {got[i]} at index {i} where {expected[i]:.6g} was expected"
+    diff = np.abs(got.astype(float) - expected)
+    if np.all(diff <= ATOL + RTOL * np.abs(expected)):
+        return None
+    i = tuple(int(n) for n in np.unravel_index(np.argmax(diff), diff.shape))
+    return (f"{what}: {describe_array(expected)} as expected, but the largest difference is "
+            f"{diff[i]:.3g} at index {i}: expected {expected[i]:.6g}, got {got[i]:.6g}")
+
+
+def compare_result(expected, got, structure):
+    """Compare a whole result: an array, or a tuple such as (out, weights), part by part."""
+    if structure is None:
+        return compare_arrays("result", expected, got)
+    wanted = describe_structure(structure)
+    if not isinstance(got, (tuple, list)):
+        return f"expected a tuple {wanted}, got {type(got).__name__}"
+    if len(got) != len(structure):
+        return (f"expected a tuple of {len(structure)} {wanted}, "
+                f"got a {type(got).__name__} of length {len(got)}")
+    for part, e, g in zip(structure, expected, got):
+        problem = compare_arrays(part, e, g) if isinstance(part, str) else compare_result(e, g, part)
+        if problem:
+            return problem
+    return None
+
+
+def flatten(result, structure):
+    """The arrays of a result in order, following `structure` (None: the result itself)."""
+    if structure is None:
+        return [result]
+    if not isinstance(result, (tuple, list)) or len(result) != len(structure):
+        raise ValueError("not shaped like the reference's result")
+    return [a for part, r in zip(structure, result)
+            for a in ([r] if isinstance(part, str) else flatten(r, part))]
+
+
+def same_answer(wrong, got, structure):
+    """True when `got` equals a mistake's answer `wrong` (NaNs matching NaNs)."""
+    try:
+        pairs = zip(flatten(wrong, structure), flatten(got, structure))
+        return all(np.allclose(np.asarray(g, dtype=float), np.asarray(w, dtype=float),
+                               rtol=RTOL, atol=ATOL, equal_nan=True) for w, g in pairs)
+    except (TypeError, ValueError):
+        return False

@@ -1,0 +1,11 @@
+"""The chapters' experiments, built on the two faces (which never import them).
+
+- `tasks`: the toy sentence and the small training tasks of chapters 1 to 4;
+- `counting`: parameters and multiply-adds of attention layers (chapters 4, 5, 8);
+- `heads`: why heads end up different: the two-relation task, heads that own their
+  block of W_o, identical heads, knock-outs (chapter 7);
+- `pretrained`: all-MiniLM-L6-v2 loaded into `mha.torch.Encoder` (chapter 7).
+
+Import them as `from mha.experiments import tasks` or
+`from mha.experiments.heads import AttentionReadout`.
+"""

@@ -1,0 +1,39 @@
+"""Multi-head attention in NumPy: the reference that reads like the math.
+
+Conventions (the same in `mha.torch`):
+- inputs are row vectors: shape (..., T, d); leading batch dimensions are optional;
+- a projection is `X @ W + b` with `W` of shape (d_in, d_out);
+- masks are boolean, True means "may attend", and broadcast to (..., h, T_q, T_k);
+- a query that may attend to nothing gets zero weights and a zero output.
+
+The modules, each importing only those above it:
+    attention  softmax, scaled dot-product attention, heads, split and merge, masks
+    blocks     LayerNorm, feed-forward, encoder and decoder blocks and stacks
+    chunked    attention in bounded memory (keys in blocks, online softmax)
+Import the face, not the modules: `import mha.numpy as mnp`.
+"""
+
+from mha.numpy.attention import (
+    as_float_array, as_mask, attention_at_offset, attention_shape, causal_mask, head_attention, heads_from_fused,
+    masked_softmax, masked_softmax_, merge_heads, multihead_attention, multihead_attention_loop, padding_mask, project,
+    scaled_dot_product_attention, self_attention, softmax, split_heads, symmetric_attention, transpose,
+)
+from mha.numpy.blocks import (
+    ATTENTION_PARAMS, BLOCK_PARAMS, DECODER_BLOCK_PARAMS, OPTIONAL_PARAMS, check_block_params,
+    check_decoder_params, decoder, decoder_block, encoder, encoder_block, feed_forward, gelu, layer_norm, relu,
+)
+from mha.numpy.chunked import chunked_attention
+
+__all__ = [
+    # attention
+    "as_float_array", "as_mask", "attention_at_offset", "attention_shape", "causal_mask", "head_attention",
+    "heads_from_fused", "masked_softmax", "masked_softmax_", "merge_heads", "multihead_attention",
+    "multihead_attention_loop", "padding_mask", "project", "scaled_dot_product_attention", "self_attention", "softmax", "split_heads",
+    "symmetric_attention", "transpose",
+    # blocks
+    "ATTENTION_PARAMS", "BLOCK_PARAMS", "DECODER_BLOCK_PARAMS", "OPTIONAL_PARAMS", "check_block_params",
+    "check_decoder_params", "decoder", "decoder_block", "encoder", "encoder_block", "feed_forward", "gelu",
+    "layer_norm", "relu",
+    # chunked
+    "chunked_attention",
+]

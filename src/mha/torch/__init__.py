@@ -1,0 +1,31 @@
+"""Multi-head attention in PyTorch: the same ideas as `mha.numpy`, as trainable modules.
+
+Same conventions as `mha.numpy`: inputs (..., T, d), boolean masks with True =
+"may attend" broadcasting to (..., h, T_q, T_k), a query with nothing to attend
+to gets zero weights. Nothing here names a device: every tensor is made on the
+device and with the dtype of the input, so the modules run on CPU, GPU or `meta`.
+
+The modules, each importing only those above it:
+    attention  functions (softmax, scaled dot-product attention, split and merge,
+               masks) and the attention modules of chapters 2 to 5
+    blocks     FeedForward, encoder and decoder blocks and stacks (chapters 6, 9)
+    chunked    attention in bounded memory (chapter 8)
+Import the face, not the modules: `import mha.torch as mt`.
+"""
+
+from mha.torch.attention import (
+    HeadAttention, MultiHeadAttention, MultiHeadAttentionLoop, SymmetricAttention, causal_mask, check_mask_tensor,
+    check_qkv_tensors, check_tensor, linear_bias, linear_weight, masked_softmax, masked_softmax_, merge_heads,
+    padding_mask, scaled_dot_product_attention, split_heads, with_causal,
+)
+from mha.torch.blocks import Decoder, DecoderBlock, Encoder, EncoderBlock, FeedForward, layer_norm
+from mha.torch.chunked import chunked_attention
+
+__all__ = [
+    "scaled_dot_product_attention", "chunked_attention", "split_heads", "merge_heads", "causal_mask",
+    "padding_mask", "masked_softmax", "SymmetricAttention", "HeadAttention", "MultiHeadAttentionLoop",
+    "MultiHeadAttention", "EncoderBlock", "Encoder", "DecoderBlock", "Decoder", "layer_norm",
+    # added with the packages: the feed-forward module, and the helpers other modules build on
+    "FeedForward", "masked_softmax_", "with_causal", "check_tensor", "check_mask_tensor", "check_qkv_tensors",
+    "linear_weight", "linear_bias",
+]

@@ -1,0 +1,116 @@
+"""The library's layout: public names, imports that only go down, any module importable first.
+
+src/mha/README.md draws the house; these tests hold it up.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mha.numpy as mn
+import mha.torch as mt
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+MODULES = sorted(".".join(p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+                 for p in (SRC / "mha").rglob("*.py"))
+
+# The public names of the two faces: a contract that the book, the checks and readers rely on.
+NUMPY_NAMES = [
+    "as_float_array", "attention_at_offset", "attention_shape", "causal_mask", "head_attention", "masked_softmax",
+    "masked_softmax_", "merge_heads", "multihead_attention", "multihead_attention_loop", "padding_mask", "project",
+    "scaled_dot_product_attention", "self_attention", "softmax", "split_heads", "symmetric_attention", "transpose",
+    "ATTENTION_PARAMS", "BLOCK_PARAMS", "DECODER_BLOCK_PARAMS", "OPTIONAL_PARAMS", "decoder", "decoder_block",
+    "encoder", "encoder_block", "feed_forward", "gelu", "layer_norm", "relu", "chunked_attention",
+]
+TORCH_NAMES = [
+    "scaled_dot_product_attention", "chunked_attention", "split_heads", "merge_heads", "causal_mask",
+    "padding_mask", "masked_softmax", "SymmetricAttention", "HeadAttention", "MultiHeadAttentionLoop",
+    "MultiHeadAttention", "EncoderBlock", "Encoder", "DecoderBlock", "Decoder", "layer_norm", "FeedForward",
+]
+
+
+@pytest.mark.parametrize("face,names", [(mn, NUMPY_NAMES), (mt, TORCH_NAMES)], ids=["numpy", "torch"])
+def test_every_public_name_is_importable_from_its_face(face, names):
+    missing = [n for n in names if not hasattr(face, n) or n not in face.__all__]
+    assert not missing, f"{face.__name__} lacks {missing}"
+    assert all(hasattr(face, n) for n in face.__all__)
+
+
+def imports_of(path):
+    """The mha modules that a file imports, and the line of its last top-level import."""
+    tree = ast.parse(path.read_text())
+    found, last_import, first_other = set(), 0, None
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and node.module == "mha":
+                names = [f"mha.{a.name}" for a in node.names]
+            found |= {n for n in names if n.startswith("mha")}
+            last_import = node.lineno
+        elif first_other is None and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+            first_other = node.lineno
+    return found, last_import, first_other
+
+
+def module_file(name):
+    path = SRC.joinpath(*name.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_imports_come_first_in_every_file(module):
+    _, last_import, first_other = imports_of(module_file(module))
+    assert first_other is None or last_import < first_other, (
+        f"{module} imports at line {last_import}, after code at line {first_other}: imports go at the top")
+
+
+def test_there_is_no_import_circle():
+    """Depth-first search over the graph of mha modules (a package's __init__ aside,
+    since importing a submodule runs it: its edges are the re-exports)."""
+    graph = {}
+    for module in MODULES:
+        found, _, _ = imports_of(module_file(module))
+        graph[module] = {n for n in found if n in MODULES and n != module}
+    state = {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                pytest.fail("import circle: " + " -> ".join(path[path.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for module in MODULES:
+        if module not in state:
+            visit(module, [module])
+
+
+def test_faces_never_import_the_experiments_or_the_checks():
+    for module in MODULES:
+        if module.startswith(("mha.numpy", "mha.torch", "mha.validate")):
+            found, _, _ = imports_of(module_file(module))
+            assert not {n for n in found if n.startswith(("mha.experiments", "mha.checks"))}, module
+
+
+@pytest.mark.parametrize("package", ["mha.numpy", "mha.torch"])
+def test_a_face_only_re_exports(package):
+    tree = ast.parse(module_file(package).read_text())
+    kinds = {type(node).__name__ for node in tree.body[1:]}
+    assert kinds <= {"ImportFrom", "Assign"}, kinds
+    assert any(isinstance(n, ast.Assign) and n.targets[0].id == "__all__" for n in tree.body)
+
+
+def test_every_module_can_be_imported_first_in_a_fresh_interpreter():
+    """One fresh interpreter per module, each importing it before anything else of mha."""
+    code = "import importlib, sys; importlib.import_module(sys.argv[1]); print('ok')"
+    failures = []
+    for module in MODULES:
+        run = subprocess.run([sys.executable, "-c", code, module], capture_output=True, text=True)
+        if run.returncode != 0 or run.stdout.strip() != "ok":
+            failures.append(f"{module}: {run.stderr.strip().splitlines()[-1:]}")
+    assert not failures, failures

@@ -67,6 +67,18 @@ def load_params(module, params):
     return module
 
 
+def random_decoder_params(rng, d, d_ff):
+    """Every parameter of mha.numpy.decoder_block, random, for width d and hidden width d_ff."""
+    params = {f"{part}_{kind}_{n}": (rng.standard_normal((d, d)) / np.sqrt(d) if kind == "W"
+                                     else 0.3 * rng.standard_normal(d))
+              for part in ("self", "cross") for kind in ("W", "b") for n in "qkvo"}
+    for i in (1, 2, 3):
+        params[f"gamma_{i}"], params[f"beta_{i}"] = 1 + 0.3 * rng.standard_normal(d), 0.3 * rng.standard_normal(d)
+    params["W_1"], params["b_1"] = rng.standard_normal((d, d_ff)) / np.sqrt(d), 0.3 * rng.standard_normal(d_ff)
+    params["W_2"], params["b_2"] = rng.standard_normal((d_ff, d)) / np.sqrt(d_ff), 0.3 * rng.standard_normal(d)
+    return params
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261121)

@@ -1,21 +1,19 @@
 """DecoderBlock and Decoder against torch.nn.TransformerDecoderLayer / TransformerDecoder,
-the NumPy decoder against the PyTorch one, and the causal property: the output at
-position t does not depend on the target tokens after t."""
+and the NumPy decoder against the PyTorch one. The causal property is in
+test_decoder_causal.py."""
 
 import itertools
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from torch import nn
 
 import mha.numpy as mn
 import mha.torch as mt
 from mha.torch import Decoder, DecoderBlock
 from conftest import (CPU_AND_CUDA, DEVICES, TORCH_DTYPE, assert_close, assert_close_on, assert_matches_cpu,
-                      on_device)
+                      on_device, random_decoder_params)
 
 OPTIONS = [
     pytest.param(norm_first, activation, dtype, id=f"{'pre' if norm_first else 'post'}-{activation}-{dtype.__name__}")
@@ -170,76 +168,6 @@ def test_decoder_block_without_bias_matches_torch():
     with torch.no_grad():
         expected = layer(torch.as_tensor(X), torch.as_tensor(memory), tgt_mask=~mt.causal_mask(T))
     assert_close(mn.decoder_block(X, memory, N_HEADS, causal=True, **params)[0], expected)
-
-
-# The causal property ----------------------------------------------------------------------
-
-def random_decoder_params(rng, d, d_ff):
-    params = {f"{part}_{kind}_{n}": (rng.standard_normal((d, d)) / np.sqrt(d) if kind == "W"
-                                     else 0.3 * rng.standard_normal(d))
-              for part in ("self", "cross") for kind in ("W", "b") for n in "qkvo"}
-    for i in (1, 2, 3):
-        params[f"gamma_{i}"], params[f"beta_{i}"] = 1 + 0.3 * rng.standard_normal(d), 0.3 * rng.standard_normal(d)
-    params["W_1"], params["b_1"] = rng.standard_normal((d, d_ff)) / np.sqrt(d), 0.3 * rng.standard_normal(d_ff)
-    params["W_2"], params["b_2"] = rng.standard_normal((d_ff, d)) / np.sqrt(d_ff), 0.3 * rng.standard_normal(d)
-    return params
-
-
-@st.composite
-def decoder_inputs(draw):
-    batch = draw(st.sampled_from([(), (1,), (2,)]))
-    T_, S_ = draw(st.integers(1, 6)), draw(st.integers(1, 6))
-    h = draw(st.integers(1, 3))
-    d_head = draw(st.integers(-(-3 // h), 3))  # d >= 3: LayerNorm over 1 or 2 features hides changes
-    t = draw(st.integers(0, T_ - 1))
-    return batch, T_, S_, h, h * d_head, t, draw(st.integers(0, 2**16)), draw(st.booleans())
-
-
-@settings(max_examples=30, deadline=None)
-@given(decoder_inputs())
-def test_output_at_t_ignores_target_tokens_after_t(inputs):
-    batch, T_, S_, h, d, t, seed, norm_first = inputs
-    rng = np.random.default_rng(seed)
-    params = random_decoder_params(rng, d, 2 * d)
-    X, memory = rng.standard_normal((*batch, T_, d)), rng.standard_normal((*batch, S_, d))
-    changed = X.copy()
-    changed[..., t + 1:, :] = rng.standard_normal(changed[..., t + 1:, :].shape)  # new future tokens
-    before, (w_before, _) = mn.decoder_block(X, memory, h, causal=True, norm_first=norm_first, **params)
-    after, (w_after, _) = mn.decoder_block(changed, memory, h, causal=True, norm_first=norm_first, **params)
-    assert_close(after[..., :t + 1, :], before[..., :t + 1, :], what="outputs up to t")
-    assert_close(w_after[..., :t + 1, :], w_before[..., :t + 1, :], what="weights of queries up to t")
-    if t + 1 < T_:  # the later positions do see the change
-        assert np.abs(after[..., t + 1:, :] - before[..., t + 1:, :]).max() > 1e-6
-    block = DecoderBlock(d, h, 2 * d, norm_first=norm_first, dtype=torch.float64)
-    with torch.no_grad():
-        torch_before = block(torch.as_tensor(X), torch.as_tensor(memory), causal=True)
-        torch_after = block(torch.as_tensor(changed), torch.as_tensor(memory), causal=True)
-    assert_close(torch_after[..., :t + 1, :], torch_before[..., :t + 1, :], what="torch outputs up to t")
-
-
-def test_without_the_causal_mask_the_past_sees_the_future():
-    rng = np.random.default_rng(5)
-    params = random_decoder_params(rng, 6, 12)
-    X, memory = rng.standard_normal((4, 6)), rng.standard_normal((3, 6))
-    changed = X.copy()
-    changed[-1] += 1.0  # only the last token
-    before, _ = mn.decoder_block(X, memory, 2, **params)
-    after, _ = mn.decoder_block(changed, memory, 2, **params)
-    assert np.abs(after[0] - before[0]).max() > 1e-3
-
-
-def test_cross_attention_ignores_the_order_of_the_source():
-    """Without positions, shuffling the source tokens (and their mask) changes nothing."""
-    rng = np.random.default_rng(6)
-    params = random_decoder_params(rng, 6, 12)
-    X, memory = rng.standard_normal((2, 4, 6)), rng.standard_normal((2, 5, 6))
-    memory_mask = mn.padding_mask([5, 3], 5)
-    order = rng.permutation(5)
-    out, (_, cross) = mn.decoder_block(X, memory, 3, memory_mask=memory_mask, causal=True, **params)
-    shuffled, (_, cross_shuffled) = mn.decoder_block(X, memory[:, order], 3, memory_mask=memory_mask[..., order],
-                                                     causal=True, **params)
-    assert_close(shuffled, out)
-    assert_close(cross_shuffled, cross[..., order])
 
 
 # Bad input, gradients, devices, dropout ---------------------------------------------------

@@ -126,3 +126,14 @@ def test_encoder_block_post_norm_output_is_normalised():
     out = block(torch.randn(3, 5, 8, dtype=torch.float64)).detach()
     assert_close(out.mean(-1), torch.zeros(3, 5), what="LayerNorm last: zero mean per token")
     assert_close(out.var(-1, unbiased=False), torch.full((3, 5), 1.0), what="unit variance")
+
+
+@pytest.mark.parametrize("layer_type", [nn.TransformerEncoderLayer, nn.TransformerDecoderLayer])
+def test_an_approximate_gelu_is_refused_not_copied_as_exact(layer_type):
+    """nn.GELU(approximate="tanh") is another function: copying it as exact GELU would be wrong."""
+    layer = layer_type(8, 2, 16, activation=nn.GELU(approximate="tanh"), batch_first=True)
+    block_type = mt.EncoderBlock if layer_type is nn.TransformerEncoderLayer else mt.DecoderBlock
+    with pytest.raises(ValueError, match="gelu without approximation"):
+        block_type.from_torch(layer)
+    layer.activation = nn.GELU()  # exact: copied
+    assert block_type.from_torch(layer).activation == "gelu"

@@ -15,8 +15,9 @@ Import the face, not the modules: `import mha.numpy as mnp`.
 
 from mha.numpy.attention import (
     as_float_array, as_mask, attention_at_offset, attention_shape, causal_mask, head_attention, heads_from_fused,
-    masked_softmax, masked_softmax_, merge_heads, multihead_attention, multihead_attention_loop, padding_mask, project,
-    scaled_dot_product_attention, self_attention, softmax, split_heads, symmetric_attention, transpose,
+    masked_softmax, masked_softmax_, matrix, merge_heads, multihead_attention, multihead_attention_loop,
+    padding_mask, project, scaled_dot_product_attention, self_attention, sequences, softmax, split_heads,
+    symmetric_attention, transpose,
 )
 from mha.numpy.blocks import (
     ATTENTION_PARAMS, BLOCK_PARAMS, DECODER_BLOCK_PARAMS, OPTIONAL_PARAMS, check_block_params,
@@ -28,7 +29,7 @@ __all__ = [
     # attention
     "as_float_array", "as_mask", "attention_at_offset", "attention_shape", "causal_mask", "head_attention",
     "heads_from_fused", "masked_softmax", "masked_softmax_", "merge_heads", "multihead_attention",
-    "multihead_attention_loop", "padding_mask", "project", "scaled_dot_product_attention", "self_attention", "softmax", "split_heads",
+    "multihead_attention_loop", "padding_mask", "matrix", "sequences", "project", "scaled_dot_product_attention", "self_attention", "softmax", "split_heads",
     "symmetric_attention", "transpose",
     # blocks
     "ATTENTION_PARAMS", "BLOCK_PARAMS", "DECODER_BLOCK_PARAMS", "OPTIONAL_PARAMS", "check_block_params",

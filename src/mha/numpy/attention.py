@@ -24,6 +24,23 @@ def as_float_array(name, x):
     return x
 
 
+def sequences(X, context=None):
+    """X, and the sequence its queries attend to (X itself when `context` is None), as
+    floating-point arrays of shape (..., T, d)."""
+    X = as_float_array("X", X)
+    source = X if context is None else as_float_array("context", context)
+    validate.check_sequence("X", X)
+    validate.check_sequence("context", source)
+    return X, source
+
+
+def matrix(name, W, rows=None, input_name="the input"):
+    """A weight matrix as a floating-point array of shape (rows, cols)."""
+    W = as_float_array(name, W)
+    validate.check_matrix(name, W, rows=rows, input_name=input_name)
+    return W
+
+
 def transpose(X):
     """Swap the last two axes: (..., T, d) -> (..., d, T)."""
     return np.swapaxes(X, -1, -2)
@@ -96,9 +113,8 @@ def symmetric_attention(X, W):
     Returns out (..., T, d) and weights (..., T, T), which come from a
     symmetric score matrix.
     """
-    X, W = as_float_array("X", X), as_float_array("W", W)
-    validate.check_sequence("X", X)
-    validate.check_matrix("W", W, rows=X.shape[-1], input_name="X")
+    X, _ = sequences(X)
+    W = matrix("W", W, rows=X.shape[-1], input_name="X")
     E = X @ W  # (..., T, d_embed)
     scores = E @ transpose(E) / math.sqrt(W.shape[1])  # (..., T, T), symmetric
     weights = softmax(scores)
@@ -126,19 +142,11 @@ def head_attention(X, W_q, W_k, W_v=None, *, context=None, mask=None):
     case the values are the inputs themselves. Returns out (..., T_q, d_v) and
     weights (..., T_q, T_k).
     """
-    X = as_float_array("X", X)
-    source = X if context is None else as_float_array("context", context)
-    validate.check_sequence("X", X)
-    validate.check_sequence("context", source)
-    W_q, W_k = as_float_array("W_q", W_q), as_float_array("W_k", W_k)
-    validate.check_matrix("W_q", W_q, rows=X.shape[-1], input_name="X")
-    validate.check_matrix("W_k", W_k, rows=source.shape[-1], input_name="context")
+    X, source = sequences(X, context)
+    W_q = matrix("W_q", W_q, rows=X.shape[-1], input_name="X")
+    W_k = matrix("W_k", W_k, rows=source.shape[-1], input_name="context")
     validate.check_same("W_q.shape[1]", W_q.shape[1], "W_k.shape[1]", W_k.shape[1], "query and key widths")
-    V = source
-    if W_v is not None:
-        W_v = as_float_array("W_v", W_v)
-        validate.check_matrix("W_v", W_v, rows=source.shape[-1], input_name="context")
-        V = source @ W_v  # (..., T_k, d_v)
+    V = source if W_v is None else source @ matrix("W_v", W_v, rows=source.shape[-1], input_name="context")
     return scaled_dot_product_attention(X @ W_q, source @ W_k, V, mask)
 
 
@@ -169,8 +177,7 @@ def heads_from_fused(W_q, W_k, W_v, n_heads):
     """
     blocks = []
     for name, W in (("W_q", W_q), ("W_k", W_k), ("W_v", W_v)):
-        W = as_float_array(name, W)
-        validate.check_matrix(name, W)
+        W = matrix(name, W)
         validate.check_divisible(W.shape[1], n_heads, f"the width of {name}")
         blocks.append(np.split(W, n_heads, axis=1))  # h blocks of (d, d_head)
     return list(zip(*blocks))
@@ -189,10 +196,7 @@ def multihead_attention_loop(X, heads, W_o, *, context=None, mask=None):
     W_o: (sum of the heads' d_v, d_out). Returns out (..., T_q, d_out) and
     weights (..., h, T_q, T_k).
     """
-    X = as_float_array("X", X)
-    source = X if context is None else as_float_array("context", context)
-    validate.check_sequence("X", X)
-    validate.check_sequence("context", source)
+    X, source = sequences(X, context)
     if len(heads) < 1:
         raise ValueError("heads must hold at least one (W_q, W_k, W_v) triple, got none")
     shape = attention_shape(X, source, len(heads))  # (..., h, T_q, T_k)
@@ -204,15 +208,13 @@ def multihead_attention_loop(X, heads, W_o, *, context=None, mask=None):
         outputs.append(out)
         weights.append(w)
     concat = np.concatenate(outputs, axis=-1)  # (..., T_q, h * d_v)
-    W_o = as_float_array("W_o", W_o)
-    validate.check_matrix("W_o", W_o, rows=concat.shape[-1], input_name="the heads' concatenation")
+    W_o = matrix("W_o", W_o, rows=concat.shape[-1], input_name="the heads' concatenation")
     return concat @ W_o, np.stack(weights, axis=-3)
 
 
 def project(name, x, W, b, input_name):
     """x @ W + b, with W: (d_in, d_out) and b: (d_out,) or None."""
-    W = as_float_array(name, W)
-    validate.check_matrix(name, W, rows=x.shape[-1], input_name=input_name)
+    W = matrix(name, W, rows=x.shape[-1], input_name=input_name)
     out = x @ W
     if b is not None:
         b = as_float_array("b" + name[1:], b)
@@ -229,10 +231,7 @@ def multihead_attention(X, W_q, W_k, W_v, W_o, n_heads, *, context=None, mask=No
     Head i uses column block i of W_q, W_k and W_v. Returns out (..., T_q, d_out)
     and weights (..., h, T_q, T_k).
     """
-    X = as_float_array("X", X)
-    source = X if context is None else as_float_array("context", context)
-    validate.check_sequence("X", X)
-    validate.check_sequence("context", source)
+    X, source = sequences(X, context)
     Q = project("W_q", X, W_q, b_q, "X")  # (..., T_q, d_model)
     K = project("W_k", source, W_k, b_k, "context")  # (..., T_k, d_model)
     V = project("W_v", source, W_v, b_v, "context")  # (..., T_k, d_model)

@@ -136,6 +136,24 @@ def check_decoder_params(params):
         )
 
 
+def decoder_inputs(X, memory, n_heads, self_mask, memory_mask, causal):
+    """The decoder block's inputs, checked: X and memory as arrays, and both masks, with
+    causal_mask(T) folded into self_mask when `causal`."""
+    validate.check_int("n_heads", n_heads)
+    X, memory = as_float_array("X", X), as_float_array("memory", memory)
+    validate.check_sequence("X", X)
+    validate.check_sequence("memory", memory)
+    validate.check_same("X.shape[-1]", X.shape[-1], "memory.shape[-1]", memory.shape[-1],
+                        "widths of X and memory")
+    validate.broadcast_batch("X", X.shape[:-2], "memory", memory.shape[:-2])
+    self_mask = as_mask(self_mask, attention_shape(X, X, n_heads), "self_mask")
+    memory_mask = as_mask(memory_mask, attention_shape(X, memory, n_heads), "memory_mask")
+    if causal:
+        future = causal_mask(X.shape[-2])  # (T, T)
+        self_mask = future if self_mask is None else self_mask & future  # allowed only if allowed by both
+    return X, memory, self_mask, memory_mask
+
+
 def decoder_block(X, memory, n_heads, *, self_mask=None, memory_mask=None, causal=False,
                   norm_first=False, eps=1e-5, activation="relu", **params):
     """Masked self-attention, cross-attention to `memory`, feed-forward; each with residual and LayerNorm.
@@ -150,18 +168,7 @@ def decoder_block(X, memory, n_heads, *, self_mask=None, memory_mask=None, causa
     """
     check_decoder_params(params)
     validate.check_activation(activation)
-    validate.check_int("n_heads", n_heads)
-    X, memory = as_float_array("X", X), as_float_array("memory", memory)
-    validate.check_sequence("X", X)
-    validate.check_sequence("memory", memory)
-    validate.check_same("X.shape[-1]", X.shape[-1], "memory.shape[-1]", memory.shape[-1],
-                        "widths of X and memory")
-    validate.broadcast_batch("X", X.shape[:-2], "memory", memory.shape[:-2])
-    self_mask = as_mask(self_mask, attention_shape(X, X, n_heads), "self_mask")
-    memory_mask = as_mask(memory_mask, attention_shape(X, memory, n_heads), "memory_mask")
-    if causal:
-        future = causal_mask(X.shape[-2])  # (T, T)
-        self_mask = future if self_mask is None else self_mask & future  # allowed only if allowed by both
+    X, memory, self_mask, memory_mask = decoder_inputs(X, memory, n_heads, self_mask, memory_mask, causal)
     p = {k: params.get(k) for k in DECODER_BLOCK_PARAMS}
 
     def attend(part, x, context, mask):  # part is "self" or "cross"

@@ -136,21 +136,33 @@ class EncoderBlock(nn.Module):
         return {**self.attention.numpy_params(), **norm_and_feed_forward_params(self)}
 
 
-def copy_stack(cls, stack, torch_type, block_type):
-    """Our `cls` (Encoder or Decoder) holding copies of a PyTorch stack's layers."""
-    if not isinstance(stack, torch_type):
-        raise TypeError(f"expected a torch.nn.{torch_type.__name__}, got {type(stack).__name__}")
-    if stack.norm is not None:
-        raise ValueError(f"nn.{torch_type.__name__} with a final norm cannot be copied: "
-                         f"{cls.__name__} has no final LayerNorm")
-    ours = cls.__new__(cls)
-    nn.Module.__init__(ours)
-    ours.layers = nn.ModuleList(block_type.from_torch(layer) for layer in stack.layers)
-    return ours.train(stack.training)
+class BlockStack(nn.Module):
+    """A stack of blocks of one kind in `self.layers`: the base of `Encoder` and `Decoder`."""
+
+    torch_type = block_type = None  # each subclass names the PyTorch stack it copies, and its block
+
+    @classmethod
+    def from_torch(cls, stack):
+        """A copy of the PyTorch stack `cls.torch_type` (without a final norm)."""
+        if not isinstance(stack, cls.torch_type):
+            raise TypeError(f"expected a torch.nn.{cls.torch_type.__name__}, got {type(stack).__name__}")
+        if stack.norm is not None:
+            raise ValueError(f"nn.{cls.torch_type.__name__} with a final norm cannot be copied: "
+                             f"{cls.__name__} has no final LayerNorm")
+        ours = cls.__new__(cls)
+        nn.Module.__init__(ours)
+        ours.layers = nn.ModuleList(cls.block_type.from_torch(layer) for layer in stack.layers)
+        return ours.train(stack.training)
+
+    def numpy_params(self):
+        """A list with one parameter dict per block, for the NumPy face's stack."""
+        return [layer.numpy_params() for layer in self.layers]
 
 
-class Encoder(nn.Module):
+class Encoder(BlockStack):
     """A stack of `n_layers` encoder blocks with the same options."""
+
+    torch_type, block_type = nn.TransformerEncoder, EncoderBlock
 
     def __init__(self, n_layers, d_model, n_heads, d_ff, **options):
         super().__init__()
@@ -165,15 +177,6 @@ class Encoder(nn.Module):
             x, weights = layer(x, mask=mask, return_weights=True) if return_weights else (layer(x, mask), None)
             all_weights.append(weights)
         return (x, all_weights) if return_weights else x
-
-    @classmethod
-    def from_torch(cls, encoder):
-        """A copy of a `torch.nn.TransformerEncoder` (without a final norm)."""
-        return copy_stack(cls, encoder, nn.TransformerEncoder, EncoderBlock)
-
-    def numpy_params(self):
-        """A list with one `mha.numpy.encoder_block` parameter dict per block."""
-        return [layer.numpy_params() for layer in self.layers]
 
 
 def layer_norm(x, gamma, beta, eps=1e-5):
@@ -265,8 +268,10 @@ class DecoderBlock(nn.Module):
         return {**params, **norm_and_feed_forward_params(self)}
 
 
-class Decoder(nn.Module):
+class Decoder(BlockStack):
     """A stack of `n_layers` decoder blocks with the same options, all reading the same memory."""
+
+    torch_type, block_type = nn.TransformerDecoder, DecoderBlock
 
     def __init__(self, n_layers, d_model, n_heads, d_ff, **options):
         super().__init__()
@@ -280,12 +285,3 @@ class Decoder(nn.Module):
             x, weights = out if return_weights else (out, None)
             all_weights.append(weights)
         return (x, all_weights) if return_weights else x
-
-    @classmethod
-    def from_torch(cls, decoder):
-        """A copy of a `torch.nn.TransformerDecoder` (without a final norm)."""
-        return copy_stack(cls, decoder, nn.TransformerDecoder, DecoderBlock)
-
-    def numpy_params(self):
-        """A list with one `mha.numpy.decoder_block` parameter dict per block."""
-        return [layer.numpy_params() for layer in self.layers]

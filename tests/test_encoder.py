@@ -6,6 +6,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import mha.numpy as mn
@@ -128,12 +129,33 @@ def test_encoder_block_post_norm_output_is_normalised():
     assert_close(out.var(-1, unbiased=False), torch.full((3, 5), 1.0), what="unit variance")
 
 
+ACTIVATIONS = [  # what PyTorch's layers accept, and what our copy must compute
+    ("relu", "relu"), ("gelu", "gelu"), (F.relu, "relu"), (F.gelu, "gelu"), (nn.ReLU(), "relu"),
+    (nn.GELU(), "gelu"), (nn.GELU(approximate="tanh"), "gelu_tanh"),
+]
+
+
 @pytest.mark.parametrize("layer_type", [nn.TransformerEncoderLayer, nn.TransformerDecoderLayer])
-def test_an_approximate_gelu_is_refused_not_copied_as_exact(layer_type):
-    """nn.GELU(approximate="tanh") is another function: copying it as exact GELU would be wrong."""
-    layer = layer_type(8, 2, 16, activation=nn.GELU(approximate="tanh"), batch_first=True)
-    block_type = mt.EncoderBlock if layer_type is nn.TransformerEncoderLayer else mt.DecoderBlock
-    with pytest.raises(ValueError, match="gelu without approximation"):
-        block_type.from_torch(layer)
-    layer.activation = nn.GELU()  # exact: copied
-    assert block_type.from_torch(layer).activation == "gelu"
+@pytest.mark.parametrize("activation,name", ACTIVATIONS,
+                         ids=["'relu'", "'gelu'", "F.relu", "F.gelu", "nn.ReLU", "nn.GELU", "nn.GELU-tanh"])
+def test_every_activation_is_copied_exactly(layer_type, activation, name):
+    """The copy computes the layer's own function, in training mode with grad enabled too
+    (where PyTorch's fast path is off), and the NumPy block with its parameters agrees."""
+    torch.manual_seed(0)
+    layer = layer_type(8, 2, 16, dropout=0.0, activation=activation, batch_first=True, dtype=torch.float64)
+    ours = (mt.EncoderBlock if layer_type is nn.TransformerEncoderLayer else mt.DecoderBlock).from_torch(layer)
+    assert ours.activation == name
+    x, memory = torch.randn(2, 5, 8, dtype=torch.float64), torch.randn(2, 3, 8, dtype=torch.float64)
+    args = (x,) if layer_type is nn.TransformerEncoderLayer else (x, memory)
+    assert_close(ours(*args), layer(*args), np.float64)
+    numpy_block = mn.encoder_block if layer_type is nn.TransformerEncoderLayer else mn.decoder_block
+    out, _ = numpy_block(*[a.numpy() for a in args], 2, activation=name, **ours.numpy_params())
+    assert_close(out, layer(*args), np.float64)
+
+
+@pytest.mark.parametrize("activation", [F.silu, nn.SiLU(), torch.tanh, lambda x: F.gelu(x, approximate="tanh")],
+                         ids=["F.silu", "nn.SiLU", "torch.tanh", "a lambda"])
+def test_an_activation_that_cannot_be_copied_is_refused(activation):
+    layer = nn.TransformerEncoderLayer(8, 2, 16, activation=activation, batch_first=True)
+    with pytest.raises(ValueError, match="only relu and gelu activations can be copied"):
+        mt.EncoderBlock.from_torch(layer)

@@ -143,13 +143,17 @@ def check_lengths(lengths, is_integer, T, values=None):
             f"lengths must be 1-D (one length per batch item), "
             f"got shape {shape_str(lengths.shape)}"
         )
-    if not is_integer:
+    if not is_integer and lengths.shape[0] > 0:  # an empty list is a batch of no sequence
         raise TypeError(f"lengths must be integers, got dtype {lengths.dtype}")
     for i, n in enumerate(values or []):
         if n < 0 or n > T:
             raise ValueError(f"lengths[{i}]={n} is outside 0..T with T={T}")
 
 
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")  # gelu is the exact GELU; gelu_tanh its tanh approximation
+
+
 def check_activation(activation):
-    if activation not in ("relu", "gelu"):
-        raise ValueError(f'activation must be "relu" or "gelu", got {activation!r}')
+    if activation not in ACTIVATIONS:
+        raise ValueError(f'activation must be "relu" or "gelu", got {activation!r} '
+                         f'(or "gelu_tanh", the tanh approximation of GELU)')

@@ -153,13 +153,10 @@ class SumOfHeadsAttention(nn.Module):
         return self
 
     def forward(self, x, context=None, mask=None, return_weights=False):
-        source = x if context is None else context
-        mt.check_tensor("x", x, self.d_model)
-        mt.check_tensor("context", source, self.d_model)
-        batch = validate.broadcast_batch("x", x.shape[:-2], "context", source.shape[:-2])
+        source, batch = mt.check_x_and_context(self, x, context, self.d_model)
         shape = (*batch, self.n_heads, x.shape[-2], source.shape[-2])
         if mask is not None:
-            mt.check_mask_tensor(mask, shape)
+            mt.check_mask_tensor(mask, shape, like=x)
             mask = mask.expand(shape)  # (..., h, T_q, T_k)
         results = [head(x, context, None if mask is None else mask[..., i, :, :], return_weights=True)
                    for i, head in enumerate(self.heads)]

@@ -21,7 +21,8 @@ from mha.numpy.attention import (
 )
 from mha.numpy.blocks import (
     ATTENTION_PARAMS, BLOCK_PARAMS, DECODER_BLOCK_PARAMS, OPTIONAL_PARAMS, check_block_params,
-    check_decoder_params, decoder, decoder_block, encoder, encoder_block, feed_forward, gelu, layer_norm, relu,
+    check_decoder_params, decoder, decoder_block, encoder, encoder_block, feed_forward, gelu, gelu_tanh, layer_norm,
+    relu,
 )
 from mha.numpy.chunked import chunked_attention
 
@@ -34,7 +35,7 @@ __all__ = [
     # blocks
     "ATTENTION_PARAMS", "BLOCK_PARAMS", "DECODER_BLOCK_PARAMS", "OPTIONAL_PARAMS", "check_block_params",
     "check_decoder_params", "decoder", "decoder_block", "encoder", "encoder_block", "feed_forward", "gelu",
-    "layer_norm", "relu",
+    "gelu_tanh", "layer_norm", "relu",
     # chunked
     "chunked_attention",
 ]

@@ -19,6 +19,8 @@ def as_float_array(name, x):
     x = np.asarray(x)
     if x.dtype == bool or not np.issubdtype(x.dtype, np.number):
         raise TypeError(f"{name} must be an array of numbers, got dtype {x.dtype}")
+    if np.issubdtype(x.dtype, np.complexfloating):
+        raise TypeError(f"{name} must hold real numbers, got dtype {x.dtype}: attention here is real-valued")
     if not np.issubdtype(x.dtype, np.floating):
         x = x.astype(np.float64)
     return x
@@ -55,11 +57,27 @@ def as_mask(mask, scores_shape, name="mask"):
     return mask
 
 
+def at_least_float32(x):
+    """`x`, or a float32 copy of a float16 `x`: float16 sums stall (2048 + 1 rounds to 2048),
+    so half-precision softmaxes are summed in float32. float32 and float64 pass as they are."""
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
+def check_softmax_input(name, x, axis=-1):
+    """A softmax needs an axis, and at least one entry in each slice along it."""
+    validate.check_ndim(name, x, 1)  # a 0-d x has no axis to normalise along
+    if x.size == 0 and np.zeros(x.shape, dtype=bool).any(axis=axis).size > 0:  # slices with no entry
+        raise ValueError(f"{name} has shape {validate.shape_str(x.shape)}: no entry along axis={axis} "
+                         f"to normalise, and a softmax needs at least one")
+
+
 def softmax(x, axis=-1):
-    """exp(x) / sum(exp(x)) along `axis`, computed without overflow."""
+    """exp(x) / sum(exp(x)) along `axis`, computed without overflow; float16 is summed in float32."""
     x = as_float_array("x", x)
-    e = np.exp(x - x.max(axis=axis, keepdims=True))  # the largest entry becomes exp(0) = 1
-    return e / e.sum(axis=axis, keepdims=True)
+    check_softmax_input("x", x, axis)
+    z = at_least_float32(x)
+    e = np.exp(z - z.max(axis=axis, keepdims=True))  # the largest entry becomes exp(0) = 1
+    return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)
 
 
 def masked_softmax(scores, mask=None):
@@ -67,8 +85,11 @@ def masked_softmax(scores, mask=None):
 
     A row with no True entry gets all-zero weights instead of NaN.
     """
+    scores = as_float_array("scores", scores)
+    check_softmax_input("scores", scores)
     if mask is None:
         return softmax(scores)
+    mask = as_mask(mask, scores.shape)
     has_any = mask.any(axis=-1, keepdims=True)  # (..., T_q, 1)
     keep = mask | ~has_any  # an empty row keeps everything, then is zeroed below
     weights = softmax(np.where(keep, scores, -np.inf))
@@ -82,6 +103,11 @@ def masked_softmax_(scores, mask=None):
     (..., T_q, T_k) array: at T = 512 a fresh array of that size costs about as
     much time as one step. `scores` must be floating point and have the full shape.
     """
+    check_softmax_input("scores", scores)
+    mask = as_mask(mask, scores.shape)
+    if scores.dtype == np.float16:  # summed in float32 (see at_least_float32), written back as float16
+        scores[...] = masked_softmax_(at_least_float32(scores), mask)
+        return scores
     if mask is not None:
         has_any = mask.any(axis=-1, keepdims=True)  # (..., T_q, 1)
         np.copyto(scores, -np.inf, where=~(mask | ~has_any))  # an empty row keeps everything
@@ -232,10 +258,11 @@ def multihead_attention(X, W_q, W_k, W_v, W_o, n_heads, *, context=None, mask=No
     and weights (..., h, T_q, T_k).
     """
     X, source = sequences(X, context)
+    W_q, W_k = matrix("W_q", W_q, X.shape[-1], "X"), matrix("W_k", W_k, source.shape[-1], "context")
+    validate.check_same("W_q.shape[1]", W_q.shape[1], "W_k.shape[1]", W_k.shape[1], "query and key widths")
     Q = project("W_q", X, W_q, b_q, "X")  # (..., T_q, d_model)
     K = project("W_k", source, W_k, b_k, "context")  # (..., T_k, d_model)
     V = project("W_v", source, W_v, b_v, "context")  # (..., T_k, d_model)
-    validate.check_same("W_q.shape[1]", Q.shape[-1], "W_k.shape[1]", K.shape[-1], "query and key widths")
     validate.check_divisible(Q.shape[-1], n_heads)
     validate.check_divisible(V.shape[-1], n_heads, "the values' width d_v")
     Q, K, V = (split_heads(a, n_heads) for a in (Q, K, V))  # (..., h, T, d_head)

@@ -43,6 +43,14 @@ def gelu(x):
     return 0.5 * x * (1 + erf(x / math.sqrt(2)))
 
 
+def gelu_tanh(x):
+    """GELU's tanh approximation, as nn.GELU(approximate="tanh") computes it."""
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh}
+
+
 def feed_forward(X, W_1, b_1, W_2, b_2, activation="relu"):
     """Position-wise feed-forward: activation(X W_1 + b_1) W_2 + b_2.
 
@@ -52,7 +60,7 @@ def feed_forward(X, W_1, b_1, W_2, b_2, activation="relu"):
     X = as_float_array("X", X)
     validate.check_ndim("X", X, 1)
     H = project("W_1", X, W_1, b_1, "X")  # (..., d_ff)
-    H = relu(H) if activation == "relu" else gelu(H)
+    H = ACTIVATIONS[activation](H)
     return project("W_2", H, W_2, b_2, "the hidden layer")  # (..., d)
 
 

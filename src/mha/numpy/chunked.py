@@ -11,7 +11,9 @@ three running quantities:
 
 When a block brings a larger maximum, the old `row_sum` and `acc` were computed
 relative to the old maximum, so both are multiplied by exp(old_max - new_max)
-before the block's own terms are added. At the end, out = acc / row_sum. This is the
+before the block's own terms are added. At the end, out = acc / row_sum. (float16
+inputs are computed in float32 and the output rounded back once, at the end: a
+float16 row_sum stops growing at 2048, and 70,000 keys would overflow it.) This is the
 "online softmax" of Milakov and Gimelshein (2018), the idea behind
 FlashAttention (Dao et al., 2022).
 
@@ -24,7 +26,7 @@ import math
 import numpy as np
 
 from mha import validate
-from mha.numpy.attention import as_float_array, as_mask, transpose
+from mha.numpy.attention import as_float_array, as_mask, at_least_float32, transpose
 
 
 def chunked_attention(Q, K, V, mask=None, chunk=256):
@@ -40,9 +42,10 @@ def chunked_attention(Q, K, V, mask=None, chunk=256):
     validate.check_int("chunk", chunk)
     shape = (*batch, Q.shape[-2], K.shape[-2])  # (..., T_q, T_k): never allocated
     mask = None if mask is None else np.broadcast_to(as_mask(mask, shape), shape)  # a view
-    Q = Q / math.sqrt(Q.shape[-1])  # scale the queries once, not every block of scores
+    out_dtype = np.result_type(Q, K, V)
+    Q = at_least_float32(Q) / math.sqrt(Q.shape[-1])  # scale the queries once, not every block of scores
     Q = np.broadcast_to(Q, (*shape[:-2], *Q.shape[-2:]))  # a view: blocks get the full batch shape
-    dtype = np.result_type(Q, K, V)
+    dtype = np.result_type(Q, K, V)  # the running quantities': float32 for float16 inputs
     row_max = np.full((*shape[:-1], 1), -np.inf, dtype=dtype)  # (..., T_q, 1)
     row_sum = np.zeros_like(row_max)  # (..., T_q, 1)
     acc = np.zeros((*shape[:-1], V.shape[-1]), dtype=dtype)  # (..., T_q, d_v)
@@ -59,4 +62,5 @@ def chunked_attention(Q, K, V, mask=None, chunk=256):
         row_sum = row_sum * rescale + p.sum(axis=-1, keepdims=True)
         acc = acc * rescale + p @ V[..., block, :]
         row_max = new_max
-    return np.divide(acc, row_sum, out=np.zeros_like(acc), where=row_sum > 0)  # empty rows stay 0
+    out = np.divide(acc, row_sum, out=np.zeros_like(acc), where=row_sum > 0)  # empty rows stay 0
+    return out.astype(out_dtype, copy=False)

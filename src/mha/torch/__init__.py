@@ -6,6 +6,7 @@ to gets zero weights. Nothing here names a device: every tensor is made on the
 device and with the dtype of the input, so the modules run on CPU, GPU or `meta`.
 
 The modules, each importing only those above it:
+    tensors    what the face accepts: checks of tensors, masks, dtypes and devices
     attention  functions (softmax, scaled dot-product attention, split and merge,
                masks) and the attention modules of chapters 2 to 5
     blocks     FeedForward, encoder and decoder blocks and stacks (chapters 6, 9)
@@ -14,12 +15,13 @@ Import the face, not the modules: `import mha.torch as mt`.
 """
 
 from mha.torch.attention import (
-    HeadAttention, MultiHeadAttention, MultiHeadAttentionLoop, SymmetricAttention, causal_mask, check_mask_tensor,
-    check_qkv_tensors, check_tensor, linear_bias, linear_weight, masked_softmax, masked_softmax_, merge_heads,
-    padding_mask, scaled_dot_product_attention, split_heads, with_causal,
+    HeadAttention, MultiHeadAttention, MultiHeadAttentionLoop, SymmetricAttention, causal_mask, linear_bias,
+    linear_weight, masked_softmax, masked_softmax_, merge_heads, padding_mask, scaled_dot_product_attention,
+    split_heads, with_causal,
 )
 from mha.torch.blocks import Decoder, DecoderBlock, Encoder, EncoderBlock, FeedForward, layer_norm
 from mha.torch.chunked import chunked_attention
+from mha.torch.tensors import check_input, check_mask_tensor, check_qkv_tensors, check_tensor, check_x_and_context
 
 __all__ = [
     "scaled_dot_product_attention", "chunked_attention", "split_heads", "merge_heads", "causal_mask",
@@ -27,5 +29,5 @@ __all__ = [
     "MultiHeadAttention", "EncoderBlock", "Encoder", "DecoderBlock", "Decoder", "layer_norm",
     # added with the packages: the feed-forward module, and the helpers other modules build on
     "FeedForward", "masked_softmax_", "with_causal", "check_tensor", "check_mask_tensor", "check_qkv_tensors",
-    "linear_weight", "linear_bias",
+    "linear_weight", "linear_bias", "check_input", "check_x_and_context",
 ]

@@ -18,40 +18,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from mha import validate
-
-
-def check_tensor(name, x, width=None, input_name=None):
-    """`x` must be a floating tensor of shape (..., T, d), with d == width if given."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    validate.check_sequence(name, x)
-    if width is not None and x.shape[-1] != width:
-        raise ValueError(
-            f"{name} has shape {validate.shape_str(x.shape)}, so width {x.shape[-1]}, "
-            f"but {input_name or 'the module'} expects width {width}"
-        )
-
-
-def check_mask_tensor(mask, scores_shape, name="mask"):
-    """A boolean tensor that broadcasts to `scores_shape`; errors name the mask."""
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of booleans, got {type(mask).__name__}")
-    validate.check_named_mask(name, mask.shape, mask.dtype == torch.bool, scores_shape, mask.dtype)
-
-
-def check_qkv_tensors(Q, K, V):
-    """Q, K and V must be floating tensors that fit together; returns their batch shape."""
-    for name, a in (("Q", Q), ("K", K), ("V", V)):
-        check_tensor(name, a)
-    return validate.check_qkv(Q, K, V)
+from mha.torch.tensors import (at_least_2d, can_overwrite, check_dropout, check_input, check_is_tensor,
+                                check_mask_tensor, check_qkv_tensors, check_x_and_context,
+                                under_transform)
 
 
 def masked_softmax(scores, mask=None):
     """Softmax over the last axis where `mask` is True; an empty row gives zeros."""
+    check_is_tensor("scores", scores)
+    if not scores.is_floating_point():
+        raise TypeError(f"scores must be a floating-point tensor, got dtype {scores.dtype}")
     if mask is None:
         return scores.softmax(dim=-1)
+    check_mask_tensor(mask, scores.shape, like=scores)
     has_any = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
     keep = mask | ~has_any  # an empty row keeps everything, then is zeroed below
     weights = scores.masked_fill(~keep, float("-inf")).softmax(dim=-1)
@@ -59,7 +38,7 @@ def masked_softmax(scores, mask=None):
 
 
 def masked_softmax_(scores, mask=None):
-    """`masked_softmax` written into `scores` itself, for when autograd is off.
+    """`masked_softmax` written into `scores` itself, when `can_overwrite(scores)`.
 
     Saves allocating a second (..., T_q, T_k) tensor, which at long T costs about as
     much time as the softmax itself. `scores` must already have the full shape.
@@ -79,15 +58,16 @@ def scaled_dot_product_attention(Q, K, V, mask=None, dropout=0.0):
     """
     batch = check_qkv_tensors(Q, K, V)
     if mask is not None:
-        check_mask_tensor(mask, (*batch, Q.shape[-2], K.shape[-2]))  # the scores' shape
+        check_mask_tensor(mask, (*batch, Q.shape[-2], K.shape[-2]), like=Q)  # the scores' shape
     Q, K, V = Q.contiguous(), K.contiguous(), V.contiguous()  # split heads are views: copy once, here
     scores = (Q / math.sqrt(Q.shape[-1])) @ K.transpose(-2, -1)  # (..., T_q, T_k); scaling Q is cheaper
-    weights = masked_softmax(scores, mask) if scores.requires_grad else masked_softmax_(scores, mask)
-    return F.dropout(weights, dropout) @ V, weights
+    weights = masked_softmax_(scores, mask) if can_overwrite(scores) else masked_softmax(scores, mask)
+    return (F.dropout(weights, dropout) if dropout else weights) @ V, weights
 
 
 def split_heads(x, n_heads):
     """(..., T, d) -> (..., h, T, d // h), a view: no copy."""
+    check_is_tensor("x", x)
     validate.check_ndim("x", x, 2)
     validate.check_divisible(x.shape[-1], n_heads)
     *batch, T, d = x.shape
@@ -97,6 +77,7 @@ def split_heads(x, n_heads):
 
 def merge_heads(x):
     """(..., h, T, d_head) -> (..., T, h * d_head): the inverse of `split_heads`."""
+    check_is_tensor("x", x)
     validate.check_ndim("x", x, 3)
     *batch, h, T, d_head = x.shape
     x = x.transpose(-3, -2)  # (..., T, h, d_head)
@@ -145,7 +126,7 @@ class SymmetricAttention(nn.Module):
                            device=device, dtype=dtype)
 
     def forward(self, x, mask=None, return_weights=False):
-        check_tensor("x", x, self.d_model)
+        check_input(self, "x", x, self.d_model)
         e = self.W(x)  # (..., T, d_embed)
         out, weights = scaled_dot_product_attention(e, e, x, mask)  # symmetric scores
         return (out, weights) if return_weights else out
@@ -167,9 +148,7 @@ class HeadAttention(nn.Module):
         self.W_v = nn.Linear(d_model, d_head, **options) if values else None
 
     def forward(self, x, context=None, mask=None, return_weights=False):
-        source = x if context is None else context
-        check_tensor("x", x, self.d_model)
-        check_tensor("context", source, self.d_model)
+        source, _ = check_x_and_context(self, x, context, self.d_model)
         values = source if self.W_v is None else self.W_v(source)  # (..., T_k, d_v)
         out, weights = scaled_dot_product_attention(self.W_q(x), self.W_k(source), values, mask)
         return (out, weights) if return_weights else out
@@ -197,13 +176,10 @@ class MultiHeadAttentionLoop(nn.Module):
         self.W_o = nn.Linear(n_heads * d_head, d_model, bias=False, **options)
 
     def forward(self, x, context=None, mask=None, return_weights=False):
-        source = x if context is None else context
-        check_tensor("x", x, self.d_model)
-        check_tensor("context", source, self.d_model)
-        batch = validate.broadcast_batch("x", x.shape[:-2], "context", source.shape[:-2])
+        source, batch = check_x_and_context(self, x, context, self.d_model)
         shape = (*batch, self.n_heads, x.shape[-2], source.shape[-2])
         if mask is not None:
-            check_mask_tensor(mask, shape)
+            check_mask_tensor(mask, shape, like=x)
             mask = mask.expand(shape)  # (..., h, T_q, T_k)
         results = [head(x, context, None if mask is None else mask[..., i, :, :], return_weights=True)
                    for i, head in enumerate(self.heads)]
@@ -247,7 +223,7 @@ class MultiHeadAttention(nn.Module):
         self.d_model = validate.check_int("d_model", d_model)
         validate.check_divisible(d_model, n_heads)
         self.n_heads = n_heads
-        self.dropout = float(dropout)
+        self.dropout = check_dropout(dropout)
         options = dict(bias=bias, device=device, dtype=dtype)
         self.W_q = nn.Linear(d_model, d_model, **options)
         self.W_k = nn.Linear(d_model, d_model, **options)
@@ -255,20 +231,19 @@ class MultiHeadAttention(nn.Module):
         self.W_o = nn.Linear(d_model, d_model, **options)
 
     def forward(self, x, context=None, mask=None, return_weights=False, *, causal=False):
-        source = x if context is None else context
-        check_tensor("x", x, self.d_model)
-        check_tensor("context", source, self.d_model)
-        batch = validate.broadcast_batch("x", x.shape[:-2], "context", source.shape[:-2])
+        source, batch = check_x_and_context(self, x, context, self.d_model)
         if mask is not None:
-            check_mask_tensor(mask, (*batch, self.n_heads, x.shape[-2], source.shape[-2]))
+            check_mask_tensor(mask, (*batch, self.n_heads, x.shape[-2], source.shape[-2]), like=x)
+            mask = at_least_2d(mask)  # (1, 1) or (1, T_k) for a 0-D or 1-D mask
         q = split_heads(self.W_q(x), self.n_heads)  # (..., h, T_q, d_head)
         k = split_heads(self.W_k(source), self.n_heads)  # (..., h, T_k, d_head)
         v = split_heads(self.W_v(source), self.n_heads)  # (..., h, T_k, d_head)
         dropout = self.dropout if self.training else 0.0
-        if causal and (return_weights or mask is not None):  # the explicit form needs the mask itself
+        explicit = return_weights or any(map(under_transform, (q, k, v)))  # fused kernels: no forward AD
+        if causal and (explicit or mask is not None):  # the explicit form needs the mask itself
             mask = with_causal(mask, q.shape[-2], k.shape[-2], x.device)
             causal = False
-        if return_weights:
+        if explicit:
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)

@@ -5,15 +5,25 @@ Import these from `mha.torch`. They build on `mha.torch.attention`. The arithmet
 weights can be copied in and the outputs compared.
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mha import validate
-from mha.torch.attention import (MultiHeadAttention, causal_mask, check_mask_tensor, check_tensor, linear_bias,
-                                 linear_weight)
+from mha.torch.attention import MultiHeadAttention, causal_mask, linear_bias, linear_weight
+from mha.torch.tensors import check_dropout, check_input, check_mask_tensor, check_tensor
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh")}
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout that is the identity when p = 0 or in evaluation mode, without drawing
+    random numbers (so that torch.func.vmap needs no randomness flag)."""
+
+    def forward(self, x):
+        return x if self.p == 0 or not self.training else super().forward(x)
 
 
 class FeedForward(nn.Module):
@@ -30,8 +40,8 @@ class FeedForward(nn.Module):
         self.activation = activation
         self.linear_1 = nn.Linear(d_model, d_ff, **options)
         self.linear_2 = nn.Linear(d_ff, d_model, **options)
-        self.dropout_hidden = nn.Dropout(dropout)
-        self.dropout_ff = nn.Dropout(dropout)
+        self.dropout_hidden = Dropout(check_dropout(dropout))
+        self.dropout_ff = Dropout(dropout)
 
     def forward(self, x):
         hidden = self.dropout_hidden(ACTIVATIONS[self.activation](self.linear_1(x)))  # (..., T, d_ff)
@@ -44,14 +54,14 @@ class FeedForward(nn.Module):
 
 
 def activation_name(layer):
-    """ "relu" or "gelu": the activation of a PyTorch Transformer layer, a function or a module."""
+    """ "relu", "gelu" or "gelu_tanh": the activation of a PyTorch Transformer layer, which
+    may be a function or a module; any other is refused, never copied as something else."""
     activation = layer.activation
-    if activation is F.relu or isinstance(activation, nn.ReLU):
+    if activation is F.relu or type(activation) is nn.ReLU:
         return "relu"
-    if activation is F.gelu or (isinstance(activation, nn.GELU) and activation.approximate == "none"):
-        return "gelu"
-    raise ValueError(f"only relu and gelu activations can be copied (gelu without approximation), "
-                     f"got {activation!r}")
+    if activation is F.gelu or type(activation) is nn.GELU:
+        return {"none": "gelu", "tanh": "gelu_tanh"}[getattr(activation, "approximate", "none")]
+    raise ValueError(f"only relu and gelu activations can be copied (gelu exact or tanh), got {activation!r}")
 
 
 def block_options(layer):
@@ -102,7 +112,7 @@ class EncoderBlock(nn.Module):
         self.norm_1 = nn.LayerNorm(d_model, eps=eps, **options)
         self.feed_forward = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, **options)
         self.norm_2 = nn.LayerNorm(d_model, eps=eps, **options)
-        self.dropout_attention = nn.Dropout(dropout)
+        self.dropout_attention = Dropout(dropout)
 
     def attend(self, x, mask, return_weights):
         out = self.attention(x, mask=mask, return_weights=return_weights)
@@ -110,7 +120,7 @@ class EncoderBlock(nn.Module):
         return self.dropout_attention(out), weights
 
     def forward(self, x, mask=None, return_weights=False):
-        check_tensor("x", x, self.d_model)
+        check_input(self, "x", x, self.d_model)
         if self.norm_first:
             attended, weights = self.attend(self.norm_1(x), mask, return_weights)
             x = x + attended
@@ -204,18 +214,18 @@ class DecoderBlock(nn.Module):
         self.cross_attention = MultiHeadAttention(d_model, n_heads, dropout=dropout, **options)
         self.norm_1, self.norm_2, self.norm_3 = (nn.LayerNorm(d_model, eps=eps, **options) for _ in range(3))
         self.feed_forward = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, **options)
-        self.dropout_self, self.dropout_cross = nn.Dropout(dropout), nn.Dropout(dropout)
+        self.dropout_self, self.dropout_cross = Dropout(dropout), Dropout(dropout)
 
     def masks(self, x, memory, self_mask, memory_mask, causal):
         """Check the inputs; return both masks, the causal mask folded into self_mask if asked."""
-        check_tensor("x", x, self.d_model)
-        check_tensor("memory", memory, self.d_model, "the decoder block")
+        check_input(self, "x", x, self.d_model)
+        check_input(self, "memory", memory, self.d_model, "the decoder block")
         batch = validate.broadcast_batch("x", x.shape[:-2], "memory", memory.shape[:-2])
         h, T, T_k = self.self_attention.n_heads, x.shape[-2], memory.shape[-2]
         if self_mask is not None:
-            check_mask_tensor(self_mask, (*batch, h, T, T), "self_mask")
+            check_mask_tensor(self_mask, (*batch, h, T, T), "self_mask", like=x)
         if memory_mask is not None:
-            check_mask_tensor(memory_mask, (*batch, h, T, T_k), "memory_mask")
+            check_mask_tensor(memory_mask, (*batch, h, T, T_k), "memory_mask", like=x)
         if causal:
             future = causal_mask(T, device=x.device)  # (T, T)
             self_mask = future if self_mask is None else self_mask & future  # allowed only if allowed by both

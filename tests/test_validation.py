@@ -113,6 +113,57 @@ CASES = {
     "torch encoder final norm": (lambda: mt.Encoder.from_torch(torch.nn.TransformerEncoder(
         torch.nn.TransformerEncoderLayer(6, 2, 8), 2, norm=torch.nn.LayerNorm(6), enable_nested_tensor=False)),
         ValueError, "final norm"),
+    # tensors of another kind, dtype or device than expected (no raw torch error may reach a user)
+    "torch split_heads ndarray": (lambda: mt.split_heads(np.ones((4, 6)), 2), TypeError,
+                                  "x must be a torch.Tensor, got ndarray"),
+    "torch merge_heads ndarray": (lambda: mt.merge_heads(np.ones((2, 4, 3))), TypeError,
+                                  "x must be a torch.Tensor, got ndarray"),
+    "torch masked_softmax ndarray": (lambda: mt.masked_softmax(np.ones((3, 3))), TypeError,
+                                     "scores must be a torch.Tensor, got ndarray"),
+    "torch masked_softmax integers": (lambda: mt.masked_softmax(torch.ones(3, 3, dtype=torch.long)), TypeError,
+                                      "scores must be a floating-point tensor, got dtype torch.int64"),
+    "torch masked_softmax int mask": (lambda: mt.masked_softmax(torch.ones(3, 3), torch.ones(3, 3, dtype=torch.long)),
+                                      TypeError, "mask must be boolean .*, got dtype torch.int64"),
+    "torch masked_softmax float mask": (lambda: mt.masked_softmax(torch.ones(3, 3), torch.ones(3, 3)), TypeError,
+                                        "mask must be boolean"),
+    "torch masked_softmax mask shape": (lambda: mt.masked_softmax(torch.ones(3, 3), torch.ones(4, 3, dtype=torch.bool)),
+                                        ValueError, r"mask has shape \(4, 3\) but scores have shape \(3, 3\)"),
+    "torch float64 into float32": (lambda: MHA(x.double()), TypeError,
+                                   "x has dtype torch.float64 but MultiHeadAttention's parameters are torch.float32"),
+    "torch float64 into a block": (lambda: mt.EncoderBlock(6, 2, 8)(x.double()), TypeError,
+                                   "x has dtype torch.float64 but EncoderBlock's parameters are torch.float32"),
+    "torch Q and K dtypes": (lambda: mt.scaled_dot_product_attention(x, x.double(), x), TypeError,
+                             "Q has dtype torch.float32 but K has dtype torch.float64"),
+    "torch mask on meta": (lambda: MHA(x, mask=torch.ones(4, 4, dtype=torch.bool, device="meta")), ValueError,
+                           "mask is on meta, the input on cpu"),
+    "torch padding mask on meta": (lambda: MHA(x, mask=mt.padding_mask(torch.tensor([4, 2], device="meta"), 4)),
+                                   ValueError, "mask is on meta, the input on cpu"),
+    "torch input on meta": (lambda: MHA(x.to("meta")), ValueError,
+                            "x is on meta, MultiHeadAttention's parameters on cpu"),
+    "torch sdpa mask device": (lambda: mt.scaled_dot_product_attention(x, x, x, torch.ones(4, 4, dtype=torch.bool,
+                                                                                             device="meta")),
+                               ValueError, "mask is on meta, the input on cpu"),
+    "torch chunked mask device": (lambda: mt.chunked_attention(x, x, x, torch.ones(4, dtype=torch.bool, device="meta")),
+                                  ValueError, "mask is on meta"),
+    "torch decoder mask device": (lambda: mt.DecoderBlock(6, 2, 8)(x, x, torch.ones(4, 4, dtype=torch.bool,
+                                                                                    device="meta")),
+                                  ValueError, "self_mask is on meta"),
+    "torch dropout negative": (lambda: mt.MultiHeadAttention(6, 2, dropout=-0.5), ValueError,
+                               r"dropout must be a probability in \[0, 1\), got -0.5"),
+    "torch block dropout 1.5": (lambda: mt.EncoderBlock(6, 2, 8, dropout=1.5), ValueError, "got 1.5"),
+    "torch dropout string": (lambda: mt.FeedForward(6, 8, dropout="0.1"), ValueError, "got '0.1'"),
+    # NumPy input that cannot mean what it seems to
+    "numpy complex input": (lambda: mn.softmax(np.array([1 + 2j, 3])), TypeError,
+                            "x must hold real numbers, got dtype complex128"),
+    "numpy complex weights": (lambda: mn.head_attention(X, W + 1j, W), TypeError, "W_q must hold real numbers"),
+    "numpy W_k wider, with biases": (lambda: mn.multihead_attention(X, W, np.ones((6, 12)), W, W, 2,
+                                                                    b_q=np.ones(6), b_k=np.ones(6)),
+                                     ValueError, r"query and key widths must match: W_q.shape\[1\]=6 but "
+                                                 r"W_k.shape\[1\]=12"),
+    "numpy values not divisible": (lambda: mn.multihead_attention(X, W, W, np.ones((6, 5)), np.ones((5, 6)), 2),
+                                   ValueError, "the values' width d_v=5 is not divisible by n_heads=2"),
+    "numpy heads_from_fused 6/4": (lambda: mn.heads_from_fused(W, W, W, 4), ValueError,
+                                   "the width of W_q=6 is not divisible by n_heads=4"),
 }
 
 
@@ -131,3 +182,21 @@ def test_a_good_call_next_to_each_bad_one_works():
     assert mn.padding_mask(np.array([0, 4]), 4).shape == (2, 1, 1, 4)
     assert MHA(x, mask=torch.ones(4, 4, dtype=torch.bool)).shape == (2, 4, 6)
     assert mn.encoder_block(X, 2, **BLOCK)[0].shape == X.shape
+    assert mn.padding_mask([], 4).shape == (0, 1, 1, 4) and mt.padding_mask([], 4).shape == (0, 1, 1, 4)
+    assert MHA(x, mask=torch.tensor(True)).shape == (2, 4, 6)  # a 0-D mask broadcasts like any other
+
+
+def test_nan_and_inf_pass_through_as_in_pytorch():
+    """NaN or inf in the inputs is not an error: like PyTorch, attention lets it reach every
+    output that depends on it, and only those. Both faces agree with F.scaled_dot_product_attention."""
+    rng = np.random.default_rng(0)
+    Q, K, V = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 5, 2))
+    K[0, 1, 0] = np.nan  # a NaN key in sequence 0 reaches all of sequence 0's outputs
+    V[1, 2, 1] = np.inf  # an infinite value in sequence 1 reaches its column 1
+    expected = torch.nn.functional.scaled_dot_product_attention(*(torch.as_tensor(a) for a in (Q, K, V))).numpy()
+    assert np.isnan(expected[0]).all() and np.isfinite(expected[1, :, 0]).all()
+    for out in (mn.scaled_dot_product_attention(Q, K, V)[0],
+                mt.scaled_dot_product_attention(*(torch.as_tensor(a) for a in (Q, K, V)))[0].numpy(),
+                mn.chunked_attention(Q, K, V, chunk=2)):
+        np.testing.assert_array_equal(np.isfinite(out), np.isfinite(expected))
+        np.testing.assert_allclose(out[np.isfinite(out)], expected[np.isfinite(expected)], rtol=1e-12)

@@ -32,7 +32,7 @@ def check_tensor(name, x, width=None, input_name=None):
 
 def check_same_device(name, x, other_name, other):
     if x.device != other.device:
-        raise ValueError(f"{name} is on {x.device} but {other_name} is on {other.device}: "
+        raise ValueError(f"{name} is on {x.device}, {other_name} on {other.device}: "
                          f"move one with .to({other.device.type!r})")
 
 

@@ -156,9 +156,11 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
     Q, K, V = (as_float_array(n, a) for n, a in (("Q", Q), ("K", K), ("V", V)))
     batch = validate.check_qkv(Q, K, V)
     mask = as_mask(mask, (*batch, Q.shape[-2], K.shape[-2]))  # the scores' shape
+    dtype = np.result_type(Q, K, V)
+    Q, K, V = (at_least_float32(a) for a in (Q, K, V))  # float16 is computed in float32
     scores = (Q / math.sqrt(Q.shape[-1])) @ transpose(K)  # (..., T_q, T_k); scaling Q is cheaper
     weights = masked_softmax_(scores, mask)  # scores is ours: softmax it in place
-    return weights @ V, weights
+    return (weights @ V).astype(dtype, copy=False), weights.astype(dtype, copy=False)
 
 
 def head_attention(X, W_q, W_k, W_v=None, *, context=None, mask=None):

@@ -62,5 +62,5 @@ def chunked_attention(Q, K, V, mask=None, chunk=256):
         row_sum = row_sum * rescale + p.sum(axis=-1, keepdims=True)
         acc = acc * rescale + p @ V[..., block, :]
         row_max = new_max
-    out = np.divide(acc, row_sum, out=np.zeros_like(acc), where=row_sum > 0)  # empty rows stay 0
+    out = np.divide(acc, row_sum, out=np.zeros_like(acc), where=row_sum != 0)  # empty rows stay 0; NaN stays NaN
     return out.astype(out_dtype, copy=False)

@@ -59,10 +59,13 @@ def scaled_dot_product_attention(Q, K, V, mask=None, dropout=0.0):
     batch = check_qkv_tensors(Q, K, V)
     if mask is not None:
         check_mask_tensor(mask, (*batch, Q.shape[-2], K.shape[-2]), like=Q)  # the scores' shape
-    Q, K, V = Q.contiguous(), K.contiguous(), V.contiguous()  # split heads are views: copy once, here
+    dtype = Q.dtype
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype  # half: computed in float32
+    Q, K, V = (a.to(work).contiguous() for a in (Q, K, V))  # split heads are views: copy once, here
     scores = (Q / math.sqrt(Q.shape[-1])) @ K.transpose(-2, -1)  # (..., T_q, T_k); scaling Q is cheaper
     weights = masked_softmax_(scores, mask) if can_overwrite(scores) else masked_softmax(scores, mask)
-    return (F.dropout(weights, dropout) if dropout else weights) @ V, weights
+    out = (F.dropout(weights, dropout) if dropout else weights) @ V  # (..., T_q, d_v)
+    return out.to(dtype), weights.to(dtype)
 
 
 def split_heads(x, n_heads):

@@ -132,6 +132,8 @@ CASES = {
                                    "x has dtype torch.float64 but MultiHeadAttention's parameters are torch.float32"),
     "torch float64 into a block": (lambda: mt.EncoderBlock(6, 2, 8)(x.double()), TypeError,
                                    "x has dtype torch.float64 but EncoderBlock's parameters are torch.float32"),
+    "torch float64 into a feed-forward": (lambda: mt.FeedForward(6, 8)(x.double()), TypeError,
+                                          "x has dtype torch.float64 but FeedForward's parameters are torch.float32"),
     "torch Q and K dtypes": (lambda: mt.scaled_dot_product_attention(x, x.double(), x), TypeError,
                              "Q has dtype torch.float32 but K has dtype torch.float64"),
     "torch mask on meta": (lambda: MHA(x, mask=torch.ones(4, 4, dtype=torch.bool, device="meta")), ValueError,

@@ -79,6 +79,7 @@ $(MATHJAX):
 # For instructors: student notebooks (solutions removed), answer key, student website.
 handout: $(STAMP)
 	$(BIN)/python tools/make_handout.py _handout
+	$(BIN)/python tools/nbgrader_source.py _handout
 
 # Benchmarks against PyTorch, speed and memory (several minutes on 2 cores; see
 # benchmarks/__init__.py). Prints every table and writes it to _build/benchmarks/

@@ -1,11 +1,12 @@
-"""mha.checks: accepts the reference, rejects every catalogued mistake with its hint,
-and reports a crashing or malformed answer plainly."""
+"""mha.checks: accepts a right solution of the learner's own, rejects every catalogued mistake
+with its hint, and reports a crashing or malformed answer plainly."""
 
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from learners import own_copy
 
 import mha.checks as checks
 import mha.numpy as mn
@@ -39,7 +40,11 @@ def test_the_registry_refuses_a_mistake_without_cases_and_cases_registered_twice
         registry.mistake("softmax", "a hint")(lambda x, axis=-1: x)
     with pytest.raises(LookupError, match="no cases are registered for softmax"):
         registry.make_check("softmax")
+    with pytest.raises(LookupError, match="no cases are registered for softmax"):
+        registry.random_cases_for("softmax")(ch01.softmax_random_cases)
     registry.cases_for("softmax")(ch01.softmax_cases)
+    with pytest.raises(LookupError, match=r"no random cases .*@random_cases_for\('softmax'\)"):
+        registry.make_check("softmax")
 
     def elsewhere():  # cases of the same name from another module
         return []
@@ -47,8 +52,8 @@ def test_the_registry_refuses_a_mistake_without_cases_and_cases_registered_twice
         registry.cases_for("softmax")(elsewhere)
 
 
-MODULES = ["mha.checks"] + [f"mha.checks.{m}" for m in
-                            ("registry", "compare", "inputs", *(f"ch0{i}" for i in range(1, 10)))]
+MODULES = ["mha.checks"] + [f"mha.checks.{m}" for m in ("registry", "compare", "inputs", "reference",
+                                                          "own_work", *(f"ch0{i}" for i in range(1, 10)))]
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -59,16 +64,30 @@ def test_each_module_imports_first_in_a_fresh_interpreter(module):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_check_passes_the_reference_quietly(name, capsys):
-    result = getattr(checks, f"check_{name}")(getattr(mn, name))
+def test_handing_in_the_reference_itself_is_refused(name):
+    with pytest.raises(checks.CheckFailed, match=f"this is mha's own {name}, not yours: write it yourself"):
+        getattr(checks, f"check_{name}")(getattr(mn, name))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_check_passes_a_copy_of_the_reference_quietly(name, capsys):
+    """One line, counting the named cases only: the notebooks store it, the random cases come on top."""
+    result = getattr(checks, f"check_{name}")(own_copy(name))
     assert result is None
     printed = capsys.readouterr().out.strip().splitlines()
-    assert len(printed) == 1 and "passed" in printed[0]
+    assert printed == [f"check_{name}: all {len(CHECKS[name].make_cases())} cases passed."]
 
 
 def test_the_catalogue_is_large_and_covers_every_check():
     assert len(MISTAKES) >= 25
     assert {m.name for m in MISTAKES} == set(NAMES), "every check has at least one catalogued mistake"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_catalogued_mistake_has_a_hint_of_its_own(name):
+    hints = [m.hint for m in CHECKS[name].mistakes]
+    assert all(len(h.split()) >= 5 for h in hints), "a hint says what to do, in a sentence"
+    assert len(set(hints)) == len(hints), "two mistakes of one check with the same hint could not be told apart"
 
 
 @pytest.mark.parametrize("mistake", MISTAKES, ids=[m.fn.__name__ for m in MISTAKES])
@@ -92,17 +111,17 @@ def float32_softmax_sloppy(x, axis=-1):
 
 
 def weights_transposed(Q, K, V, mask=None):
-    out, w = mn.scaled_dot_product_attention(Q, K, V, mask)
+    out, w = own_copy("scaled_dot_product_attention")(Q, K, V, mask)
     return out, np.swapaxes(w, -1, -2)
 
 
 def only_first_head(X, W_q, W_k, W_v, W_o, n_heads, **kw):
-    out, w = mn.multihead_attention(X, W_q, W_k, W_v, W_o, n_heads, **kw)
+    out, w = own_copy("multihead_attention")(X, W_q, W_k, W_v, W_o, n_heads, **kw)
     return out, w[..., :1, :, :]
 
 
 def ignores_mask(X, W_q, W_k, W_v, W_o, n_heads, mask=None, **kw):
-    return mn.multihead_attention(X, W_q, W_k, W_v, W_o, n_heads, **kw)
+    return own_copy("multihead_attention")(X, W_q, W_k, W_v, W_o, n_heads, **kw)
 
 
 @pytest.mark.parametrize("name,fn,expected", [
@@ -126,6 +145,7 @@ def test_a_crash_is_reported_with_the_input_not_a_traceback():
     message = str(info.value)
     assert message.startswith("self_attention raised ValueError")
     assert "on the case 'one sequence' (X: shape (4, 3) float64)" in message
+    assert "check_self_attention(crashes, seed=" in message
     assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
@@ -140,7 +160,7 @@ def test_a_stub_says_it_is_not_written_yet():
     (lambda X, exclude_self=False: X, "expected a tuple (out, weights), got ndarray"),
     (lambda X, exclude_self=False: (X,), "expected a tuple of 2 (out, weights), got a tuple of length 1"),
     (lambda X, exclude_self=False: None, "expected a tuple (out, weights), got NoneType"),
-    (lambda X, exclude_self=False: (mn.self_attention(X)[0], "weights"), "weights: expected shape (4, 4)"),
+    (lambda X, exclude_self=False: (own_copy("self_attention")(X)[0], "weights"), "weights: expected shape (4, 4)"),
 ])
 def test_wrong_return_types_are_named(answer, expected):
     with pytest.raises(checks.CheckFailed) as info:
@@ -154,9 +174,11 @@ def test_check_needs_a_function():
 
 
 def test_the_learner_cannot_change_the_reference_inputs():
+    softmax = own_copy("softmax")
+
     def mutates(x, axis=-1):
         x *= 0  # in place, on the check's copy
-        return mn.softmax(x, axis)
+        return softmax(x, axis)
     with pytest.raises(checks.CheckFailed):
-        checks.check_softmax(mutates)
-    checks.check_softmax(mn.softmax)  # the cases themselves are untouched
+        checks.check_softmax(mutates, seed=1)
+    checks.check_softmax(softmax, seed=1)  # the cases themselves are untouched

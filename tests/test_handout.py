@@ -1,38 +1,46 @@
 """Exercises and the instructors' handout.
 
 Every chapter has exercises of the three kinds with worked solutions; the
-handout made by tools/make_handout.py holds no line of any solution, its
-notebooks stop at the first stub, and the key's code passes every check.
+handout made by tools/make_handout.py holds no line of any solution in any file
+but the key, and no link from its website leads to one (no repository button;
+launch buttons only to the student repository of handout.yml); its notebooks
+stop at the first stub, and the key's code passes every check. Grading:
+tests/test_grading.py.
 """
 
 import contextlib
+import functools
+import html
 import io
 import re
 import sys
-from html.parser import HTMLParser
+from pathlib import Path
 
 import nbformat
+import pydata_sphinx_theme
 import pytest
+import sphinx_book_theme
+import yaml
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from conftest import CHAPTERS, ROOT
+from leaks import crawl, found_in, normal, readable_texts, text_files
 
 sys.path.insert(0, str(ROOT / "tools"))
+import colab_cell  # noqa: E402
+import handout_manifest  # noqa: E402
 import make_handout  # noqa: E402
+import student_copy  # noqa: E402
 
-EXERCISE = re.compile(r"^:{3,}\{exercise\}[^\n]*\n:label: (\S+)\n\n\*(\w+) · (★+☆*) ·", re.M)
 KINDS = {"Implement", "Predict", "Experiment"}
+STUDENT_REPOSITORY = ("https://github.com/example-course/mha-students", "main")
+LAUNCH_SITES = ("colab.research.google.com", "mybinder.org")
 
 
 def exercises(path):
     """(label, kind, difficulty) of each exercise in a chapter."""
-    notebook = nbformat.read(path, as_version=4)
-    found = []
-    for cell in notebook.cells:
-        if cell.cell_type == "markdown":
-            found += EXERCISE.findall(cell.source)
-    return found
+    return [(e["label"], e["kind"], e["difficulty"]) for e in handout_manifest.chapter_exercises(path)]
 
 
 def code_solutions(path):
@@ -80,29 +88,30 @@ def prose_solutions(cells):
     return bodies
 
 
-def normal(text):
-    return re.sub(r"\s+", " ", text).strip()
-
-
-class VisibleText(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.parts, self.skip = [], 0
-
-    def handle_starttag(self, tag, attrs):
-        self.skip += tag in ("script", "style")
-
-    def handle_endtag(self, tag):
-        self.skip -= tag in ("script", "style")
-
-    def handle_data(self, data):
-        if not self.skip:
-            self.parts.append(data)
+@functools.cache
+def distinctive_solution_lines():
+    """Every chapter's solution lines, but those that the library's sources or the website
+    theme's own files also hold (`return allowed`): they are no sign of a leak."""
+    lines = {line for chapter in CHAPTERS for line in solution_lines(chapter)}
+    shared = text_files(ROOT / "src", Path(pydata_sphinx_theme.__file__).parent,
+                        Path(sphinx_book_theme.__file__).parent)
+    return lines - found_in(lines, shared)
 
 
 @pytest.fixture(scope="module")
 def handout(tmp_path_factory):
-    return make_handout.make_handout(tmp_path_factory.mktemp("handout") / "out")
+    """The handout as `make handout` writes it when handout.yml names no student repository."""
+    return make_handout.make_handout(tmp_path_factory.mktemp("handout") / "out", repository=None)
+
+
+@pytest.fixture(scope="module")
+def handout_with_student_repository(tmp_path_factory):
+    return make_handout.make_handout(tmp_path_factory.mktemp("handout") / "out", repository=STUDENT_REPOSITORY)
+
+
+def handout_files(handout):
+    """Every file of a handout but the answer key."""
+    return [p for p in handout.rglob("*") if p.is_file() and p.relative_to(handout).parts[0] != "key"]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.stem for c in CHAPTERS])
@@ -123,25 +132,90 @@ def test_instructor_page_lists_every_exercise():
     for chapter in CHAPTERS:
         for label, _, _ in exercises(chapter):
             assert label in page, f"{label} missing from the instructors' page"
+    assert "This public book shows every solution" in page, "the warning that the book shows the solutions"
 
 
-def test_no_solution_line_survives_in_the_student_notebooks_or_website(handout):
-    notebooks = " ".join(normal(p.read_text()) for p in (handout / "student" / "book").glob("*.ipynb"))
-    notebook_text = normal(" ".join(
-        normal(c.source) for p in (handout / "student" / "book").glob("*.ipynb")
-        for c in nbformat.read(p, as_version=4).cells))
-    website = []
+@pytest.mark.parametrize("which", ["handout", "handout_with_student_repository"])
+def test_no_solution_is_reachable_from_the_student_site_or_copy(which, request):
+    """Every local link from the website stays in it; no file of the handout but the key
+    (pages, downloads, notebooks, the list of exercises, the library) holds a solution line."""
+    handout = request.getfixturevalue(which)
+    reached, _ = crawl(handout / "html")
+    assert {p.relative_to(handout / "html").as_posix() for p in reached} >= {
+        f"book/{c.stem}.html" for c in CHAPTERS} | {f"_sources/book/{c.name}" for c in CHAPTERS}
+    lines = distinctive_solution_lines()
+    for path in handout_files(handout):
+        texts = readable_texts(path)
+        leaked = found_in(lines, texts) if texts else set()
+        assert not leaked, f"{path.relative_to(handout)} holds solution text: {sorted(leaked)[:3]}"
+    for page in (handout / "html" / "book").glob("*.html"):
+        assert 'class="solution' not in page.read_text(), f"a solution admonition in {page.name}"
+
+
+@pytest.mark.parametrize("which", ["handout", "handout_with_student_repository"])
+def test_nothing_in_the_handout_leads_to_the_public_repository(which, request):
+    """No repository, edit or issue button; the public repository's address (and its GitHub
+    Pages site) written in no file but the key: no Colab, Binder or pip link to its notebooks."""
+    handout = request.getfixturevalue(which)
+    url, _ = colab_cell.repository()
+    owner_repo = url.split("github.com/")[1].lower()
+    needles = [owner_repo, f"{owner_repo.split('/')[0]}.github.io"]
+    for path in handout_files(handout):
+        texts = readable_texts(path) or []
+        assert not any(n in t.lower() for n in needles for t in texts), f"{path.relative_to(handout)} names {url}"
     for page in (handout / "html").rglob("*.html"):
-        parser = VisibleText()
-        parser.feed(page.read_text())
-        website.append(normal("".join(parser.parts)))
-    website = " ".join(website)
+        assert "btn-source-" not in page.read_text(), f"a repository, edit or issue button in {page.name}"
+
+
+def test_the_leak_detector_sees_solutions_where_they_are(handout, tmp_path):
+    """The detector above finds the key's solutions in its notebooks, and a solution line
+    cut into highlighted tokens on a web page."""
+    lines = distinctive_solution_lines()
     for chapter in CHAPTERS:
-        for line in solution_lines(chapter):
-            assert line not in notebook_text and line not in notebooks, f"{chapter.name}: {line!r} leaked"
-            assert line not in website, f"{chapter.name}: {line!r} leaked into the student website"
-    assert "solution" not in " ".join(p.read_text() for p in (handout / "html").rglob("book/*.html")).split(
-        'class="solution')[1:2], "a solution admonition in the student website"
+        assert found_in(lines, readable_texts(handout / "key" / chapter.name)), chapter.name
+    line = max(lines, key=len)
+    page = tmp_path / "page.html"
+    page.write_text("<pre>" + "".join(f'<span class="n">{html.escape(t)}</span>' for t in re.split(r"(\W)", line))
+                    + "</pre>")
+    assert found_in(lines, readable_texts(page)) == {line}
+
+
+def launch_links(handout):
+    _, external = crawl(handout / "html")
+    return {link for link in external if any(site in link for site in LAUNCH_SITES)}
+
+
+def test_without_a_student_repository_there_is_no_launch_button_nor_colab_cell(handout):
+    assert launch_links(handout) == set()
+    config = yaml.safe_load((handout / "student" / "_config.yml").read_text())
+    assert config["html"]["use_repository_button"] is False and not config["repository"]["url"]
+    for path in (handout / "student" / "book").glob("*.ipynb"):
+        assert not any(colab_cell.is_install_cell(c) for c in nbformat.read(path, as_version=4).cells)
+
+
+def test_launch_buttons_open_the_student_repository_only(handout_with_student_repository):
+    handout, (url, branch) = handout_with_student_repository, STUDENT_REPOSITORY
+    owner_repo = url.split("github.com/")[1]
+    links = launch_links(handout)
+    assert {site for site in LAUNCH_SITES if any(site in link for link in links)} == set(LAUNCH_SITES)
+    for link in links:
+        assert f"/{owner_repo}/" in link, f"a launch button to another repository: {link}"
+        opened = re.search(rf"/{branch}[/?](?:urlpath=lab/tree/)?(book/\w+\.ipynb)$", link)
+        assert opened and (handout / "student" / opened.group(1)).is_file(), f"{link}: no student notebook"
+    for path in (handout / "student" / "book").glob("[0-9]*.ipynb"):
+        first = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+        assert colab_cell.is_install_cell(first) and f'"git+{url}@{branch}"' in first.source
+
+
+def test_the_student_repository_is_one_setting_and_never_the_public_one(tmp_path):
+    settings = tmp_path / "handout.yml"
+    settings.write_text("student_repository:\n  url: https://github.com/example-course/mha-students/\n")
+    assert student_copy.student_repository(settings) == STUDENT_REPOSITORY
+    settings.write_text(f"student_repository:\n  url: {colab_cell.repository()[0]}\n  branch: main\n")
+    with pytest.raises(SystemExit, match="public course repository"):
+        student_copy.student_repository(settings)
+    page = (ROOT / "book" / "instructors.md").read_text()
+    assert "handout.yml" in page and "student_repository" in page
 
 
 def test_public_book_keeps_its_solutions():
@@ -185,21 +259,3 @@ def test_key_code_passes_its_check(chapter):
             exec(code, namespace)
             exec(check, namespace)
         assert "passed" in printed.getvalue(), f"{label}: check did not report success"
-
-
-def test_grading_reports_stubs_then_a_filled_exercise_as_passed(handout, tmp_path):
-    import grade
-
-    chapter = CHAPTERS[2]  # a quick chapter
-    student = nbformat.read(handout / "student" / "book" / chapter.name, as_version=4)
-    results = grade.grade(handout / "student" / "book" / chapter.name)
-    assert results and all(status == "not written" for _, status, _ in results), results
-    label, code, _ = next(s for s in code_solutions(chapter) if make_handout.stub_for(s[1]))
-    first_stub = next(c for c in student.cells if "exercise-stub" in c.metadata.get("tags", []))
-    first_stub.source = code  # the student writes the key's answer
-    filled = tmp_path / chapter.name
-    nbformat.write(student, filled)
-    results = grade.grade(filled)
-    assert results[0][1] == "passed", results
-    assert all(status == "not written" for _, status, _ in results[1:]), results
-    assert grade.main([str(filled)]) == 1

@@ -3,11 +3,16 @@
     make handout            # or: .venv/bin/python tools/make_handout.py [OUTPUT_DIR]
 
 Writes, under OUTPUT_DIR (default `_handout/`):
-  student/   the book with every solution removed: code exercises become a stub
-             (signature, docstring, `raise NotImplementedError`) followed by
-             their check; exercise outputs are cleared;
+  student/   the students' copy of the course: the book with every solution
+             removed (code exercises become a stub: signature, docstring,
+             `raise NotImplementedError`, followed by their check; exercise
+             outputs are cleared), the library, and `exercises.json`, the list
+             of exercises that tools/grade.py grades against
+             (tools/handout_manifest.py);
   key/       the answer key: the chapter notebooks with their worked solutions;
-  html/      the student book built as a website (no solutions in it).
+  html/      the student book built as a website: no solution, no repository
+             button, launch buttons only to the student repository named in
+             handout.yml (tools/student_copy.py).
 
 How a chapter marks its exercises (see the instructors' page of the book):
   - an `{exercise}` directive (colon fence) states the task;
@@ -26,9 +31,12 @@ from pathlib import Path
 
 import nbformat
 
+from handout_manifest import build_manifest, write_manifest
+from student_copy import set_install_cell, student_repository, write_student_copy
+
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION_BLOCK = re.compile(r"^(:{3,})\{solution\}.*?^\1[ \t]*$\n?", re.M | re.S)
-BOOK_FILES = ["_config.yml", "_toc.yml"]
+FROM_SETTINGS = "from handout.yml"
 
 
 def is_marker(cell, name):
@@ -92,24 +100,22 @@ def student_notebook(path):
     return notebook
 
 
-def copy_book(destination):
-    """The book's sources and the library they include, without notebooks."""
-    for name in BOOK_FILES:
-        shutil.copy(ROOT / name, destination / name)
-    shutil.copytree(ROOT / "book", destination / "book", ignore=shutil.ignore_patterns("*.ipynb", ".*"))
-    shutil.copytree(ROOT / "src", destination / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-
-
-def make_handout(output, build_html=True):
+def make_handout(output, build_html=True, repository=FROM_SETTINGS):
+    """Write the handout into `output`. `repository`: the student repository, (url, branch) or None;
+    by default the one handout.yml names."""
     output = Path(output)
+    repository = student_repository() if repository == FROM_SETTINGS else repository
     shutil.rmtree(output, ignore_errors=True)
     student, key = output / "student", output / "key"
     student.mkdir(parents=True)
     key.mkdir()
-    copy_book(student)
+    write_student_copy(student, repository)
+    chapters = sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
     for path in sorted((ROOT / "book").glob("*.ipynb")):
-        nbformat.write(student_notebook(path), student / "book" / path.name)
+        notebook = set_install_cell(student_notebook(path), student, repository)
+        nbformat.write(notebook, student / "book" / path.name)
         shutil.copy(path, key / path.name)
+    write_manifest(build_manifest(chapters, ROOT), student / "exercises.json")
     if build_html:
         build(student, output / "html")
     return output
@@ -128,5 +134,6 @@ def build(source, html):
 if __name__ == "__main__":
     target = make_handout(sys.argv[1] if len(sys.argv) > 1 else ROOT / "_handout")
     print(f"student notebooks: {target / 'student' / 'book'}\n"
+          f"exercises:         {target / 'student' / 'exercises.json'}\n"
           f"answer key:        {target / 'key'}\n"
           f"student website:   {target / 'html' / 'index.html'}")

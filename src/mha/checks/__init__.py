@@ -1,18 +1,25 @@
 """Automatic checks for the exercises: `check_NAME(fn)` tests a learner's `fn`.
 
-`fn` is called exactly as `mha.numpy.NAME` is called, on seeded random inputs
-and edge cases. On success the check prints one line and returns None. On
-failure it raises `CheckFailed` saying which input, what was expected and what
-came back, with a hint when the answer matches a classic mistake. A stub that
-still raises NotImplementedError makes the check raise NotImplementedError too,
-so a handout run top to bottom stops there.
+`fn` is called exactly as `mha.numpy.NAME` is called: first on named cases (the
+edge cases that the exercise mentions, which carry the hints), then on random ones
+drawn afresh on every call (shapes with batches of 4 dimensions and lengths of 1,
+weights that are not square, extreme logits, rows with nothing to attend to,
+float32 as well as float64). On success the check prints one line, counting the
+named cases, and returns None. On failure it raises `CheckFailed` saying which
+input, what was expected and what came back, with a hint when the answer matches a
+classic mistake, and the seed of the random cases: `check_NAME(fn, seed=...)` draws
+the same ones again. A stub that still raises NotImplementedError makes the check
+raise NotImplementedError too, so a handout run top to bottom stops there.
 
     from mha.checks import check_softmax
     check_softmax(my_softmax)
 
-Each chapter's checks live in `mha.checks.ch01` ... `mha.checks.ch09`, with
-their cases and their catalogue of classic mistakes side by side; the machinery
-that registers and runs them is `mha.checks.registry`.
+The answers are compared with a copy of `mha.numpy` taken when `mha.checks` is
+imported (`mha.checks.reference`), so reassigning `mha.numpy.softmax` changes
+nothing; and a solution that calls the very function it should replace is refused
+(`mha.checks.own_work`). Each chapter's checks live in `mha.checks.ch01` ...
+`mha.checks.ch09`, with their cases and their catalogue of classic mistakes side by
+side; the machinery that registers and runs them is `mha.checks.registry`.
 """
 
 from mha.checks.ch01 import check_self_attention, check_softmax

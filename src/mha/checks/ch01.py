@@ -5,31 +5,56 @@ import math
 
 import numpy as np
 
-import mha.numpy as mn
-from mha.checks.inputs import rng
-from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake
+from mha.checks.inputs import batch, normal, rng, sizes
+from mha.checks.reference import NUMPY as mn
+from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
 
 # softmax ------------------------------------------------------------------------------
 
 
-@cases_for("softmax")
+@cases_for("softmax", may_use="NumPy (no library softmax)")
 def softmax_cases():
-    """A vector, rows, other axes, and logits so large that exp overflows."""
+    """A vector, rows, other axes, and logits so large that exp overflows, in rows far apart."""
     r = rng()
     return [
         Case("a vector", (r.standard_normal(5),)),
         Case("rows of a matrix", (3 * r.standard_normal((3, 5)),)),
         Case("axis=0 of a matrix", (r.standard_normal((4, 3)),), {"axis": 0}),
         Case("axis=1 of a 3-D array", (r.standard_normal((2, 3, 4)),), {"axis": 1}),
-        Case("large logits", (np.array([[1000.0, 1001.0, 1002.0], [-1000.0, 0.0, 1000.0]]),)),
+        Case("large logits", (np.array([[1000.0, 1001.0, 1002.0], [-1000.0, 0.0, 1000.0],
+                                        [-3000.0, -2999.0, -2998.0]]),)),
     ]
+
+
+@random_cases_for("softmax")
+def softmax_random_cases(r):
+    """A 4-D array along an axis before the last, rows and columns thousands apart (so that one row's
+    maximum is far above another's), float32, and an axis of length 1."""
+    far = normal(r, sizes(r, 2, 2, 5), scale=3)
+    far += 1000.0 * r.choice([-4, -3, -2, 1, 2], size=(len(far), 1))
+    far[int(r.integers(len(far)))] -= 5000.0  # one row far below every other row's maximum
+    return [
+        Case("random: a 4-D array along an axis before the last", (normal(r, sizes(r, 4, 2, 4)),),
+             {"axis": int(r.choice([-4, -3, -2, 0, 1, 2]))}),
+        Case("random: rows far apart", (far,)),
+        Case("random: columns far apart, axis=0", (far.T.copy(),), {"axis": 0}),
+        Case("random: float32", (normal(r, sizes(r, 3, 2, 4), np.float32, 3),), {"axis": int(r.integers(-3, 3))}),
+        Case("random: an axis of length 1", (normal(r, (sizes(r, 1, 2, 4)[0], 1)),), {"axis": 1}),
+    ]
+
+
+def softmax_along(x, axis):
+    """A right softmax along `axis`, for the mistakes below to get wrong in one place each."""
+    x = np.asarray(x, dtype=float)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
 
 
 @mistake("softmax", "the softmax is taken over the wrong axis: normalise along `axis`")
 def softmax_wrong_axis(x, axis=-1):
     x = np.asarray(x, dtype=float)
     other = 0 if x.ndim > 1 and axis in (-1, x.ndim - 1) else -1
-    return mn.softmax(x, axis=other)
+    return softmax_along(x, other)
 
 
 @mistake("softmax", "exp overflows for large inputs: subtract the maximum before exponentiating")
@@ -46,12 +71,21 @@ def softmax_global_sum(x, axis=-1):
     return e / e.sum()
 
 
+@mistake("softmax", "subtract each row's own maximum (the maximum along `axis`, with keepdims=True), "
+         "not the maximum of the whole array: a row far below it underflows to 0 / 0 = NaN")
+def softmax_global_max(x, axis=-1):
+    x = np.asarray(x, dtype=float)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - x.max())
+        return e / e.sum(axis=axis, keepdims=True)
+
+
 check_softmax = make_check("softmax")
 
 # self-attention -----------------------------------------------------------------------
 
 
-@cases_for("self_attention", returns=OUT_AND_WEIGHTS)
+@cases_for("self_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy and mnp.softmax")
 def self_attention_cases():
     """With and without a batch, with exclude_self, and one token that may attend to nothing."""
     r = rng()
@@ -63,26 +97,49 @@ def self_attention_cases():
     ]
 
 
+@random_cases_for("self_attention")
+def self_attention_random_cases(r):
+    """A 4-D batch, exclude_self in float32, T = 1, and inputs large enough to saturate the softmax."""
+    T, d = sizes(r, 2, 2, 5)
+    return [
+        Case("random: a 4-D batch", (normal(r, batch(r, 2) + (T, d)),)),
+        Case("random: exclude_self, float32", (normal(r, batch(r, 1) + (T, d), np.float32),), {"exclude_self": True}),
+        Case("random: T = 1", (normal(r, (1, d)),), {"exclude_self": bool(r.integers(2))}),
+        Case("random: large inputs, exclude_self", (normal(r, (T, d), scale=10),), {"exclude_self": True}),
+    ]
+
+
+def _self_attention(X, exclude_self, *, scaled=True, excluded=True, axis=-1, nan_when_empty=False):
+    """Self-attention with one step changed, as the flags say."""
+    scores = X @ np.swapaxes(X, -1, -2) / (math.sqrt(X.shape[-1]) if scaled else 1.0)
+    mask = ~np.eye(X.shape[-2], dtype=bool) if exclude_self and excluded else None
+    if axis == -1 and not nan_when_empty:
+        w = mn.masked_softmax(scores, mask)
+    else:
+        with np.errstate(invalid="ignore"):
+            w = mn.softmax(scores if mask is None else np.where(mask, scores, -np.inf), axis=axis)
+    return w @ X, w
+
+
 @mistake("self_attention", "divide the scores by sqrt(d) before the softmax")
 def self_attention_unscaled(X, exclude_self=False):
-    scores = X @ np.swapaxes(X, -1, -2)
-    mask = ~np.eye(X.shape[-2], dtype=bool) if exclude_self else None
-    w = mn.masked_softmax(scores, mask)
-    return w @ X, w
+    return _self_attention(X, exclude_self, scaled=False)
 
 
 @mistake("self_attention", "with exclude_self=True a token must not attend to itself: mask the diagonal")
 def self_attention_ignores_exclude(X, exclude_self=False):
-    return mn.self_attention(X)
+    return _self_attention(X, exclude_self, excluded=False)
+
+
+@mistake("self_attention", "with T = 1 and exclude_self=True a token has nothing to attend to: "
+         "give it zero weights and a zero output, not NaN")
+def self_attention_nan_when_alone(X, exclude_self=False):
+    return _self_attention(X, exclude_self, nan_when_empty=True)
 
 
 @mistake("self_attention", "normalise each row (over keys, the last axis), not each column")
 def self_attention_column_softmax(X, exclude_self=False):
-    scores = X @ np.swapaxes(X, -1, -2) / math.sqrt(X.shape[-1])
-    if exclude_self:
-        scores = np.where(np.eye(X.shape[-2], dtype=bool), -np.inf, scores)
-    w = mn.softmax(scores, axis=-2)
-    return w @ X, w
+    return _self_attention(X, exclude_self, axis=-2)
 
 
 check_self_attention = make_check("self_attention")

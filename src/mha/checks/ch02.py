@@ -5,12 +5,12 @@ import math
 
 import numpy as np
 
-import mha.numpy as mn
-from mha.checks.inputs import rng, weights
-from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake
+from mha.checks.inputs import batch, different_sizes, normal, rng, sizes, weights
+from mha.checks.reference import NUMPY as mn
+from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
 
 
-@cases_for("symmetric_attention", returns=OUT_AND_WEIGHTS)
+@cases_for("symmetric_attention", returns=OUT_AND_WEIGHTS, may_use="np.einsum and mnp.softmax")
 def symmetric_attention_cases():
     """W narrower and wider than the inputs, with and without a batch, and T = 1."""
     r = rng()
@@ -18,6 +18,19 @@ def symmetric_attention_cases():
         Case("W narrower than X", (r.standard_normal((5, 4)), weights(r, 4, 2))),
         Case("a batch, W wider than X", (r.standard_normal((2, 3, 3)), weights(r, 3, 5))),
         Case("T = 1", (r.standard_normal((1, 4)), weights(r, 4, 3))),
+    ]
+
+
+@random_cases_for("symmetric_attention")
+def symmetric_attention_random_cases(r):
+    """W of other widths than X on a 4-D batch, in float32, with T = 1, and with large inputs."""
+    d, e = different_sizes(r, 2, 1, 6)
+    T = sizes(r, 1, 2, 5)[0]
+    return [
+        Case("random: a 4-D batch", (normal(r, batch(r, 2) + (T, d)), weights(r, d, e))),
+        Case("random: float32", (normal(r, (T, e), np.float32), weights(r, e, d, np.float32))),
+        Case("random: T = 1", (normal(r, (1, d)), weights(r, d, e))),
+        Case("random: large inputs", (normal(r, batch(r, 1) + (T, d), scale=5), weights(r, d, e))),
     ]
 
 

@@ -5,14 +5,15 @@ import math
 
 import numpy as np
 
-import mha.numpy as mn
-from mha.checks.inputs import a_masked_row, rng, weights
-from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake
+from mha.checks.inputs import (a_masked_row, batch, causal, different_sizes, normal, rng, sizes, weights,
+                               with_an_empty_row)
+from mha.checks.reference import NUMPY as mn
+from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
 
 # scaled dot-product attention ---------------------------------------------------------
 
 
-@cases_for("scaled_dot_product_attention", returns=OUT_AND_WEIGHTS)
+@cases_for("scaled_dot_product_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy, nothing from mha")
 def sdpa_cases():
     """No mask, a query with nothing to attend to, batch and heads with a causal mask, T = 1."""
     r = rng()
@@ -22,8 +23,27 @@ def sdpa_cases():
              (r.standard_normal((4, 3)), r.standard_normal((5, 3)), r.standard_normal((5, 2))),
              {"mask": a_masked_row(4, 5, 2)}),
         Case("batch and heads with a causal mask",
-             tuple(r.standard_normal((2, 3, 4, 5)) for _ in range(3)), {"mask": mn.causal_mask(4)}),
+             tuple(r.standard_normal((2, 3, 4, 5)) for _ in range(3)), {"mask": causal(4)}),
         Case("T = 1", tuple(r.standard_normal((1, 3)) for _ in range(3))),
+    ]
+
+
+@random_cases_for("scaled_dot_product_attention")
+def sdpa_random_cases(r):
+    """d_k != d_v and T_q != T_k throughout: batch and heads with an empty row, large logits, float32, T = 1."""
+    T_q, T_k, d_k, d_v = different_sizes(r, 4, 1, 6)
+    b, h = batch(r, 2)
+
+    def qkv(lead=(), dtype=np.float64, scale=1.0, n_q=T_q, n_k=T_k):
+        return (normal(r, lead + (n_q, d_k), dtype, scale), normal(r, lead + (n_k, d_k), dtype, scale),
+                normal(r, lead + (n_k, d_v), dtype))
+
+    return [
+        Case("random: batch and heads, a query with nothing to attend to", qkv((b, h)),
+             {"mask": with_an_empty_row(r, (b, 1, T_q, T_k))}),
+        Case("random: large logits and a mask", qkv(scale=30), {"mask": with_an_empty_row(r, (T_q, T_k))}),
+        Case("random: float32, a mask of keys", qkv((b,), np.float32), {"mask": r.random((b, 1, T_k)) < 0.6}),
+        Case("random: one query and one key", qkv((h,), n_q=1, n_k=1)),
     ]
 
 
@@ -42,7 +62,15 @@ def sdpa_unscaled(Q, K, V, mask=None):
 
 @mistake("scaled_dot_product_attention", "the mask means True = may attend: keep the True entries")
 def sdpa_mask_flipped(Q, K, V, mask=None):
-    return mn.scaled_dot_product_attention(Q, K, V, None if mask is None else ~np.asarray(mask))
+    w = mn.masked_softmax(Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1]), None if mask is None else ~mask)
+    return w @ V, w
+
+
+@mistake("scaled_dot_product_attention", "divide by sqrt(d_k), the width of the queries and keys, "
+         "not by sqrt(d_v), the width of the values")
+def sdpa_scaled_by_value_width(Q, K, V, mask=None):
+    w = mn.masked_softmax(Q @ np.swapaxes(K, -1, -2) / math.sqrt(V.shape[-1]), mask)
+    return w @ V, w
 
 
 @mistake("scaled_dot_product_attention", "a query that may attend to nothing must get zero weights, "
@@ -74,7 +102,7 @@ check_scaled_dot_product_attention = make_check("scaled_dot_product_attention")
 # one head with W_q, W_k, W_v ----------------------------------------------------------
 
 
-@cases_for("head_attention", returns=OUT_AND_WEIGHTS)
+@cases_for("head_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy (np.einsum), nothing from mha")
 def head_attention_cases():
     """Without and with W_v, a batch with a masked row, and cross-attention to a context."""
     r = rng()
@@ -91,10 +119,32 @@ def head_attention_cases():
     ]
 
 
+@random_cases_for("head_attention")
+def head_attention_random_cases(r):
+    """d, d_c, d_head and d_v all different: cross-attention on a 4-D batch with a query that may attend to
+    nothing, cross-attention without W_v in float32, T = 1, and large inputs."""
+    d, d_c, d_head, d_v = different_sizes(r, 4, 1, 6)
+    (T_q, T_k), (b1, b2) = sizes(r, 2, 2, 5), batch(r, 2)
+    head = (weights(r, d, d_head), weights(r, d, d_head), weights(r, d, d_v))
+    return [
+        Case("random: cross-attention on a 4-D batch, a query with nothing to attend to",
+             (normal(r, (b1, b2, T_q, d)), weights(r, d, d_head), weights(r, d_c, d_head), weights(r, d_c, d_v)),
+             {"context": normal(r, (b1, b2, T_k, d_c)), "mask": with_an_empty_row(r, (b1, 1, T_q, T_k))}),
+        Case("random: cross-attention without W_v, float32",
+             (normal(r, (T_q, d), np.float32), weights(r, d, d_head, np.float32), weights(r, d_c, d_head, np.float32)),
+             {"context": normal(r, (T_k, d_c), np.float32)}),
+        Case("random: T = 1", (normal(r, (1, d)), *head)),
+        Case("random: large inputs and a mask", (normal(r, (b1, T_q, d), scale=10), *head),
+             {"mask": with_an_empty_row(r, (T_q, T_q))}),
+    ]
+
+
 @mistake("head_attention", "queries come from X with W_q and keys from the context with W_k: "
          "the roles of W_q and W_k look swapped")
 def head_attention_swapped(X, W_q, W_k, W_v=None, *, context=None, mask=None):
-    return mn.head_attention(X, W_k, W_q, W_v, context=context, mask=mask)
+    source = X if context is None else context
+    V = source if W_v is None else source @ W_v
+    return mn.scaled_dot_product_attention(X @ W_k, source @ W_q, V, mask)
 
 
 @mistake("head_attention", "divide by sqrt(d_head), the width of the queries, not by sqrt(d)")

@@ -6,14 +6,15 @@ import math
 
 import numpy as np
 
-import mha.numpy as mn
-from mha.checks.inputs import a_masked_row, attention_params, rng
-from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake
+from mha.checks.inputs import (a_masked_row, attention_params, batch, cast, causal, normal, padding, rng, sizes,
+                               with_an_empty_row)
+from mha.checks.reference import NUMPY as mn
+from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
 
 # split and merge heads ----------------------------------------------------------------
 
 
-@cases_for("split_heads")
+@cases_for("split_heads", may_use="NumPy slicing and np.stack")
 def split_heads_cases():
     """With and without a batch, h = 1 and d_head = 1."""
     r = rng()
@@ -22,6 +23,17 @@ def split_heads_cases():
         Case("a batch, 3 heads", (r.standard_normal((2, 4, 6)), 3)),
         Case("h = 1", (r.standard_normal((3, 4)), 1)),
         Case("d_head = 1", (r.standard_normal((2, 3, 4)), 4)),
+    ]
+
+
+@random_cases_for("split_heads")
+def split_heads_random_cases(r):
+    """A 4-D batch, float32 with T = 1, and d_head = 1 on a batch."""
+    h, d_head, T = sizes(r, 3, 2, 4)
+    return [
+        Case("random: a 4-D batch", (normal(r, batch(r, 2) + (T, h * d_head)), h)),
+        Case("random: float32, T = 1", (normal(r, (1, h * d_head), np.float32), h)),
+        Case("random: d_head = 1", (normal(r, batch(r, 1) + (T, h)), h)),
     ]
 
 
@@ -42,7 +54,7 @@ def split_interleaved(X, n_heads):
 check_split_heads = make_check("split_heads")
 
 
-@cases_for("merge_heads")
+@cases_for("merge_heads", may_use="NumPy slicing and np.concatenate")
 def merge_heads_cases():
     """Heads with and without a batch, and h = 1."""
     r = rng()
@@ -50,6 +62,17 @@ def merge_heads_cases():
         Case("2 heads", (r.standard_normal((2, 4, 3)),)),
         Case("a batch, 3 heads", (r.standard_normal((2, 3, 5, 2)),)),
         Case("h = 1", (r.standard_normal((1, 3, 4)),)),
+    ]
+
+
+@random_cases_for("merge_heads")
+def merge_heads_random_cases(r):
+    """A 4-D batch of heads, float32 with T = 1, and d_head = 1."""
+    h, d_head, T = sizes(r, 3, 2, 4)
+    return [
+        Case("random: a batch of heads", (normal(r, batch(r, 2) + (h, T, d_head)),)),
+        Case("random: float32, T = 1", (normal(r, (h, 1, d_head), np.float32),)),
+        Case("random: d_head = 1", (normal(r, (h, T, 1)),)),
     ]
 
 
@@ -64,10 +87,18 @@ check_merge_heads = make_check("merge_heads")
 # masks --------------------------------------------------------------------------------
 
 
-@cases_for("causal_mask")
+@cases_for("causal_mask", may_use="NumPy: compare positions, without np.tril or np.triu")
 def causal_mask_cases():
     """One token and two longer sequences."""
     return [Case("T = 1", (1,)), Case("T = 4", (4,)), Case("T = 7", (7,))]
+
+
+@random_cases_for("causal_mask")
+def causal_mask_random_cases(r):
+    """Lengths that the named cases do not try: a short one, a middling one and a long one, so that no
+    table of answers recorded for some lengths can cover them."""
+    short = int(r.choice([2, 3, 5, 6, 8, 9, 10, 11, 12]))
+    return [Case(f"random: T = {T}", (T,)) for T in (short, int(r.integers(13, 41)), int(r.integers(41, 121)))]
 
 
 @mistake("causal_mask", "query t may attend to keys 0..t, itself included: keep the diagonal")
@@ -94,15 +125,32 @@ def padding_mask_cases():
     return [Case("three lengths", (np.array([3, 5, 0]), 5)), Case("one sequence", (np.array([2]), 4))]
 
 
+@random_cases_for("padding_mask")
+def padding_mask_random_cases(r):
+    """Lengths from 0 to T, among them 0 and T; a single sequence; and T = 1."""
+    B, T = sizes(r, 2, 2, 8)
+    lengths = np.append(r.integers(0, T + 1, size=B), [0, T])
+    return [
+        Case("random: lengths from 0 to T", (r.permutation(lengths), T)),
+        Case("random: one sequence", (r.integers(0, T + 1, size=1), T)),
+        Case("random: T = 1", (r.integers(0, 2, size=B), 1)),
+    ]
+
+
+def real_tokens(lengths, T):
+    """(B, T) boolean: True at the real tokens, for the mistakes below to place wrongly."""
+    return np.arange(T) < np.asarray(lengths)[:, None]
+
+
 @mistake("padding_mask", "padding hides keys, so the mask must have shape (B, 1, 1, T): "
          "it looks like padding was applied to queries, (B, 1, T, 1)")
 def padding_on_queries(lengths, T):
-    return np.swapaxes(mn.padding_mask(lengths, T), -1, -2)
+    return real_tokens(lengths, T)[:, None, :, None]
 
 
 @mistake("padding_mask", "True marks real tokens (may attend) and False marks padding")
 def padding_flipped(lengths, T):
-    return ~mn.padding_mask(lengths, T)
+    return ~real_tokens(lengths, T)[:, None, None, :]
 
 
 @mistake("padding_mask", "position t is real when t < length: the last real token is at length - 1")
@@ -116,76 +164,122 @@ check_padding_mask = make_check("padding_mask")
 # multi-head attention in matrix form --------------------------------------------------
 
 
-@cases_for("multihead_attention", returns=OUT_AND_WEIGHTS)
+@cases_for("multihead_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy, nothing from mha")
 def multihead_cases():
-    """Padding, a causal mask, h = 1 without biases, and cross-attention with a masked row."""
+    """Padding, a causal mask, h = 1 without biases, and cross-attention with a masked row, where W_q
+    maps the inputs' width 6 to 8 (two heads of 4) and W_o maps 8 to 5."""
     r = rng()
     X = r.standard_normal((3, 5, 6))
     return [
         Case("a batch with padding", (X,), {**attention_params(r, 6), "n_heads": 2,
                                              "mask": mn.padding_mask([5, 3, 1], 5)}),
-        Case("causal, 3 heads", (X,), {**attention_params(r, 6), "n_heads": 3, "mask": mn.causal_mask(5)}),
+        Case("causal, 3 heads", (X,), {**attention_params(r, 6), "n_heads": 3, "mask": causal(5)}),
         Case("h = 1, no biases", (X[0],), {**attention_params(r, 6, bias=False), "n_heads": 1}),
         Case("cross-attention with a masked row", (X[0],),
-             {**attention_params(r, 6), "n_heads": 2, "context": r.standard_normal((4, 6)),
+             {**attention_params(r, 6, width=8, d_out=5), "n_heads": 2, "context": r.standard_normal((4, 6)),
               "mask": a_masked_row(5, 4, 3)}),
     ]
 
 
+def head_sizes(r):
+    """(d, h, d_head, d_out) with d != h * d_head, d // h != d_head and d_out apart from both: projections
+    that are not square, so that every width the learner could scale by gives another answer."""
+    while True:
+        d, h, d_head, d_out = sizes(r, 4, 1, 6)
+        if len({d, h * d_head, d_out}) == 3 and d // h != d_head:
+            return d, h, d_head, d_out
+
+
+@random_cases_for("multihead_attention")
+def multihead_random_cases(r):
+    """Projections that are not square, on a 4-D batch with a query that may attend to nothing, in
+    cross-attention in float32 without biases, with T = 1, and with large inputs and a causal mask."""
+    d, h, d_head, d_out = head_sizes(r)
+    (b1, b2), (T_q, T_k) = batch(r, 2), sizes(r, 2, 2, 5)
+
+    def params(bias=True):
+        return {**attention_params(r, d, bias, width=h * d_head, d_out=d_out), "n_heads": h}
+
+    return [
+        Case("random: a 4-D batch, a query with nothing to attend to", (normal(r, (b1, b2, T_q, d)),),
+             {**params(), "mask": with_an_empty_row(r, (b1, b2, 1, T_q, T_q))}),
+        Case("random: cross-attention, float32, no biases", (normal(r, (b1, T_q, d), np.float32),),
+             {**cast(params(bias=False), np.float32), "context": normal(r, (b1, T_k, d), np.float32),
+              "mask": padding(r, (b1,), T_k)}),
+        Case("random: T = 1", (normal(r, (1, d)),), params()),
+        Case("random: large inputs, causal", (normal(r, (T_q, d), scale=10),), {**params(), "mask": causal(T_q)}),
+    ]
+
+
+def _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, *, split=mn.split_heads, merge=mn.merge_heads,
+           scale_by=None, biases=True, project_out=True, flip_mask=False, nan_when_empty=False):
+    """Multi-head attention with one step changed, as the keywords say; `scale_by(X, Q, n_heads)` is
+    the width whose square root divides the scores (default d_head)."""
+    bias = {b: kw.get(b) if biases else None for b in ("b_q", "b_k", "b_v", "b_o")}
+    source = X if kw.get("context") is None else kw["context"]
+    Q, K, V = (split(a @ W + (0 if bias[b] is None else bias[b]), n_heads)
+               for a, W, b in ((X, W_q, "b_q"), (source, W_k, "b_k"), (source, W_v, "b_v")))
+    width = Q.shape[-1] if scale_by is None else scale_by(X, Q, n_heads)
+    scores, mask = Q @ np.swapaxes(K, -1, -2) / math.sqrt(width), kw.get("mask")
+    mask = None if mask is None else (~np.asarray(mask) if flip_mask else mask)
+    if nan_when_empty:
+        with np.errstate(invalid="ignore"):
+            w = mn.softmax(scores if mask is None else np.where(mask, scores, -np.inf))
+    else:
+        w = mn.masked_softmax(scores, mask)
+    out = merge(w @ V)
+    if not project_out:
+        return out, w
+    return out @ W_o + (0 if bias["b_o"] is None else bias["b_o"]), w
+
+
 @mistake("multihead_attention", "divide the scores by sqrt(d_head) = sqrt(d_model / n_heads)")
 def mha_unscaled(X, W_q, W_k, W_v, W_o, n_heads, **kw):
-    return mn.multihead_attention(X, W_q * math.sqrt(W_q.shape[1] // n_heads), W_k, W_v, W_o, n_heads,
-                                  **{**kw, "b_q": _scaled(kw.get("b_q"), math.sqrt(W_q.shape[1] // n_heads))})
+    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, scale_by=lambda X, Q, h: 1)
 
 
 @mistake("multihead_attention", "scale by sqrt(d_head), the width of one head, not sqrt(d_model)")
 def mha_scaled_by_d_model(X, W_q, W_k, W_v, W_o, n_heads, **kw):
-    factor = math.sqrt(1 / n_heads)
-    return mn.multihead_attention(X, W_q * factor, W_k, W_v, W_o, n_heads,
-                                  **{**kw, "b_q": _scaled(kw.get("b_q"), factor)})
+    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, scale_by=lambda X, Q, h: h * Q.shape[-1])
+
+
+@mistake("multihead_attention", "the scale is 1/sqrt(d_head), the width of one head's queries "
+         "(W_q.shape[1] // n_heads), not of the input (X.shape[-1] // n_heads): they differ as soon "
+         "as W_q is not square")
+def mha_scaled_by_input_width(X, W_q, W_k, W_v, W_o, n_heads, **kw):
+    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, scale_by=lambda X, Q, h: X.shape[-1] // h)
 
 
 @mistake("multihead_attention", "split heads with a reshape AND a transpose: (..., T, h, d_head) "
          "then (..., h, T, d_head)")
 def mha_split_without_transpose(X, W_q, W_k, W_v, W_o, n_heads, **kw):
-    return _mha_with(X, W_q, W_k, W_v, W_o, n_heads, kw, split=split_without_transpose)
+    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, split=split_without_transpose)
 
 
 @mistake("multihead_attention", "merge heads by swapping h and T back before the reshape")
 def mha_merge_without_transpose(X, W_q, W_k, W_v, W_o, n_heads, **kw):
-    return _mha_with(X, W_q, W_k, W_v, W_o, n_heads, kw, merge=merge_without_transpose)
+    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, merge=merge_without_transpose)
 
 
 @mistake("multihead_attention", "the merged heads must go through W_o (and b_o)")
 def mha_without_W_o(X, W_q, W_k, W_v, W_o, n_heads, **kw):
-    kw = {**kw, "b_o": None}
-    return mn.multihead_attention(X, W_q, W_k, W_v, np.eye(W_o.shape[0]), n_heads, **kw)
+    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, project_out=False)
 
 
 @mistake("multihead_attention", "the mask means True = may attend: keep the True entries")
-def mha_mask_flipped(X, W_q, W_k, W_v, W_o, n_heads, mask=None, **kw):
-    return mn.multihead_attention(X, W_q, W_k, W_v, W_o, n_heads,
-                                  mask=None if mask is None else ~np.asarray(mask), **kw)
+def mha_mask_flipped(X, W_q, W_k, W_v, W_o, n_heads, **kw):
+    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, flip_mask=True)
 
 
 @mistake("multihead_attention", "add the biases b_q, b_k, b_v and b_o")
-def mha_ignores_biases(X, W_q, W_k, W_v, W_o, n_heads, *, context=None, mask=None, **biases):
-    return mn.multihead_attention(X, W_q, W_k, W_v, W_o, n_heads, context=context, mask=mask)
+def mha_ignores_biases(X, W_q, W_k, W_v, W_o, n_heads, **kw):
+    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, biases=False)
 
 
-def _scaled(b, factor):
-    """A bias scaled like its weight matrix, or None."""
-    return None if b is None else b * factor
-
-
-def _mha_with(X, W_q, W_k, W_v, W_o, n_heads, kw, split=mn.split_heads, merge=mn.merge_heads):
-    """multihead_attention with another split or merge of the heads."""
-    source = X if kw.get("context") is None else kw["context"]
-    Q, K, V = (mn.project(n, a, W, kw.get(b), "x") for n, a, W, b in
-               (("W_q", X, W_q, "b_q"), ("W_k", source, W_k, "b_k"), ("W_v", source, W_v, "b_v")))
-    out, w = mn.scaled_dot_product_attention(split(Q, n_heads), split(K, n_heads), split(V, n_heads),
-                                             kw.get("mask"))
-    return mn.project("W_o", merge(out), W_o, kw.get("b_o"), "x"), w
+@mistake("multihead_attention", "a query whose row of the mask is all False gets zero weights and a zero "
+         "output, not NaN: once its scores are all -inf, subtract 0 instead of their maximum")
+def mha_nan_on_a_masked_row(X, W_q, W_k, W_v, W_o, n_heads, **kw):
+    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, nan_when_empty=True)
 
 
 check_multihead_attention = make_check("multihead_attention")

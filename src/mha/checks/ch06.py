@@ -5,14 +5,14 @@ import math
 
 import numpy as np
 
-import mha.numpy as mn
-from mha.checks.inputs import attention_params, rng, weights
-from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake
+from mha.checks.inputs import attention_params, batch, cast, causal, normal, padding, rng, sizes, weights
+from mha.checks.reference import NUMPY as mn
+from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
 
 # layer norm ---------------------------------------------------------------------------
 
 
-@cases_for("layer_norm")
+@cases_for("layer_norm", may_use="NumPy sums (no np.mean, np.var or np.std)")
 def layer_norm_cases():
     """A batch, one vector, and a large eps; the inputs are far from mean 0 and variance 1."""
     r = rng()
@@ -22,6 +22,23 @@ def layer_norm_cases():
         Case("a batch", (X, gamma, beta)),
         Case("one vector", (X[0, 0], gamma, beta)),
         Case("a large eps", (X[0], gamma, beta), {"eps": 0.5}),
+    ]
+
+
+@random_cases_for("layer_norm")
+def layer_norm_random_cases(r):
+    """A 4-D batch far from mean 0, float32 without beta, a large eps, and a single feature."""
+    T, d = sizes(r, 2, 4, 6)  # float32 is left to widths of 4 and more: with 2 or 3 features the variance
+    # is now and then so small that float32's rounding of x - mean shows in the normalised output
+
+    def affine(width, dtype=np.float64):
+        return 1 + normal(r, width, dtype, 0.5), normal(r, width, dtype)
+
+    return [
+        Case("random: a 4-D batch", (5 + normal(r, batch(r, 2) + (T, d), scale=3), *affine(d))),
+        Case("random: float32, no beta", (normal(r, (T, d), np.float32, 2), affine(d, np.float32)[0], None)),
+        Case("random: a large eps", (normal(r, (T, d)), *affine(d)), {"eps": float(r.uniform(0.1, 1))}),
+        Case("random: one feature", (normal(r, (T, 1)), *affine(1))),
     ]
 
 
@@ -47,7 +64,8 @@ def layer_norm_batch_axis(X, gamma, beta, eps=1e-5):
 
 @mistake("layer_norm", "scale by gamma and shift by beta after normalising")
 def layer_norm_no_affine(X, gamma, beta, eps=1e-5):
-    return mn.layer_norm(X, np.ones_like(gamma), np.zeros_like(gamma), eps)
+    mean = X.mean(-1, keepdims=True)
+    return (X - mean) / np.sqrt(X.var(-1, keepdims=True) + eps)
 
 
 check_layer_norm = make_check("layer_norm")
@@ -55,7 +73,7 @@ check_layer_norm = make_check("layer_norm")
 # feed-forward -------------------------------------------------------------------------
 
 
-@cases_for("feed_forward")
+@cases_for("feed_forward", may_use="NumPy and scipy.special.erf (not mnp.relu or mnp.gelu)")
 def feed_forward_cases():
     """The same weights with ReLU and with GELU."""
     r = rng()
@@ -64,6 +82,24 @@ def feed_forward_cases():
     return [
         Case("relu", (X, *params)),
         Case("gelu", (X, *params), {"activation": "gelu"}),
+    ]
+
+
+@random_cases_for("feed_forward")
+def feed_forward_random_cases(r):
+    """A 4-D batch with GELU, float32 without biases, and one token with d_ff narrower than d."""
+    d, d_ff = sizes(r, 2, 2, 6)
+
+    def network(d, d_ff, dtype=np.float64, bias=True):
+        b_1, b_2 = (normal(r, d_ff, dtype), normal(r, d, dtype)) if bias else (None, None)
+        return weights(r, d, d_ff, dtype), b_1, weights(r, d_ff, d, dtype), b_2
+
+    return [
+        Case("random: a 4-D batch, gelu", (normal(r, batch(r, 2) + (3, d)), *network(d, d_ff)),
+             {"activation": "gelu"}),
+        Case("random: float32, no biases", (normal(r, (2, d), np.float32), *network(d, d_ff, np.float32, False)),
+             {"activation": str(r.choice(["relu", "gelu"]))}),
+        Case("random: one token, d_ff < d", (normal(r, (1, d + 2)), *network(d + 2, d))),
     ]
 
 
@@ -88,21 +124,47 @@ check_feed_forward = make_check("feed_forward")
 # encoder block ------------------------------------------------------------------------
 
 
-@cases_for("encoder_block", returns=OUT_AND_WEIGHTS)
+def block_params(r, d, d_ff, bias=True):
+    """Every parameter of mha.numpy.encoder_block; with bias=False the biases and betas are None."""
+    params = attention_params(r, d, bias)
+    params.update({
+        "gamma_1": 1 + 0.3 * r.standard_normal(d), "beta_1": 0.3 * r.standard_normal(d),
+        "W_1": weights(r, d, d_ff), "b_1": 0.3 * r.standard_normal(d_ff),
+        "W_2": weights(r, d_ff, d), "b_2": 0.3 * r.standard_normal(d),
+        "gamma_2": 1 + 0.3 * r.standard_normal(d), "beta_2": 0.3 * r.standard_normal(d),
+    })
+    if not bias:
+        params.update({k: None for k in mn.OPTIONAL_PARAMS})
+    return params
+
+
+@cases_for("encoder_block", returns=OUT_AND_WEIGHTS,
+           may_use="mnp.multihead_attention, mnp.layer_norm and mnp.feed_forward")
 def encoder_block_cases():
     """Post-norm with padding, and pre-norm with GELU."""
     r = rng()
-    params = attention_params(r, 6)
-    params.update({
-        "gamma_1": 1 + 0.3 * r.standard_normal(6), "beta_1": 0.3 * r.standard_normal(6),
-        "W_1": weights(r, 6, 10), "b_1": 0.3 * r.standard_normal(10),
-        "W_2": weights(r, 10, 6), "b_2": 0.3 * r.standard_normal(6),
-        "gamma_2": 1 + 0.3 * r.standard_normal(6), "beta_2": 0.3 * r.standard_normal(6),
-    })
+    params = block_params(r, 6, 10)
     X = r.standard_normal((2, 4, 6))
     return [
         Case("post-norm with padding", (X, 2), {**params, "mask": mn.padding_mask([4, 2], 4)}),
         Case("pre-norm, gelu", (X, 3), {**params, "norm_first": True, "activation": "gelu"}),
+    ]
+
+
+@random_cases_for("encoder_block")
+def encoder_block_random_cases(r):
+    """Post-norm on a 4-D batch with a sequence of padding only, pre-norm with GELU in float32 and a
+    causal mask, and T = 1 without biases and with a large eps."""
+    (h, d_head), (T, d_ff), (b1, b2) = sizes(r, 2, 1, 3), sizes(r, 2, 2, 8), batch(r, 2)
+    d = h * (d_head + 3)  # at least 4 features, for LayerNorm in float32 (see layer_norm_random_cases)
+    return [
+        Case("random: post-norm, a 4-D batch, a sequence of padding only", (normal(r, (b1, b2, T, d)), h),
+             {**block_params(r, d, d_ff), "mask": padding(r, (b1, b2), T)}),
+        Case("random: pre-norm, gelu, float32, causal", (normal(r, (b1, T, d), np.float32), h),
+             {**cast(block_params(r, d, d_ff), np.float32), "mask": causal(T), "norm_first": True,
+              "activation": "gelu"}),
+        Case("random: T = 1, no biases, a large eps", (normal(r, (b1, 1, d)), h),
+             {**block_params(r, d, d_ff, bias=False), "eps": 0.5, "norm_first": bool(r.integers(2))}),
     ]
 
 
@@ -113,9 +175,9 @@ def _block(X, n_heads, params, *, mask, norm_first, eps, activation, residual=Tr
     attention = {k: p[k] for k in mn.ATTENTION_PARAMS}
 
     def ff(x):
-        H = x @ p["W_1"] + p["b_1"]
+        H = x @ p["W_1"] + (0 if p["b_1"] is None else p["b_1"])
         H = ff_activation(H) if ff_activation else (mn.relu(H) if activation == "relu" else mn.gelu(H))
-        return H @ p["W_2"] + p["b_2"]
+        return H @ p["W_2"] + (0 if p["b_2"] is None else p["b_2"])
 
     def ln(x, i):
         return mn.layer_norm(x, p[f"gamma_{i}"], p[f"beta_{i}"], eps)

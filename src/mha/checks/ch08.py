@@ -5,12 +5,12 @@ import math
 
 import numpy as np
 
-import mha.numpy as mn
-from mha.checks.inputs import rng
-from mha.checks.registry import Case, cases_for, make_check, mistake
+from mha.checks.inputs import batch, causal, different_sizes, normal, rng, sizes, with_an_empty_row
+from mha.checks.reference import NUMPY as mn
+from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
 
-@cases_for("chunked_attention")  # returns out only: no weights
+@cases_for("chunked_attention", may_use="NumPy, nothing from mha")  # returns out only: no weights
 def chunked_attention_cases():
     """Chunks that do and do not divide T, masked rows and chunks, and scores far from 0."""
     r = rng()
@@ -26,11 +26,34 @@ def chunked_attention_cases():
         Case("a fully masked row and a fully masked first chunk",
              (X, X, r.standard_normal((2, 5, 3))), {"mask": masked, "chunk": 2}),
         Case("large logits, causal", tuple(30 * r.standard_normal((2, 4, 4, 3)) for _ in range(3)),
-             {"mask": mn.causal_mask(4), "chunk": 3}),
+             {"mask": causal(4), "chunk": 3}),
         Case("very negative scores after a masked chunk",
              (np.array([[30.0, 30.0]]), far, r.standard_normal((3, 2))),
              {"mask": np.array([[False, True, True]]), "chunk": 1}),
         Case("chunk larger than T", tuple(r.standard_normal((3, 2)) for _ in range(3)), {"chunk": 8}),
+    ]
+
+
+@random_cases_for("chunked_attention")
+def chunked_attention_random_cases(r):
+    """T_q != T_k and d_k != d_v throughout: a 4-D batch with a random chunk, a query with
+    nothing to attend to and a blocked first chunk, large logits, float32 with chunk 1, and one key."""
+    (T_q, d_k, d_v), T_k = different_sizes(r, 3, 1, 5), sizes(r, 1, 5, 9)[0]
+    (b1, b2), chunk = batch(r, 2), int(r.integers(2, T_k))
+    blocked = with_an_empty_row(r, (b1, T_q, T_k))
+    blocked[..., int(r.integers(T_q)), :chunk] = False  # a query whose first chunk is blocked
+
+    def qkv(lead=(), dtype=np.float64, scale=1.0, n_k=T_k):
+        return (normal(r, lead + (T_q, d_k), dtype, scale), normal(r, lead + (n_k, d_k), dtype, scale),
+                normal(r, lead + (n_k, d_v), dtype))
+
+    return [
+        Case(f"random: a 4-D batch, chunks of {chunk} keys", qkv((b1, b2)), {"chunk": chunk}),
+        Case("random: a query with nothing to attend to, a blocked first chunk", qkv((b1,)),
+             {"mask": blocked, "chunk": chunk}),
+        Case("random: large logits", qkv(scale=30), {"mask": with_an_empty_row(r, (T_q, T_k)), "chunk": chunk}),
+        Case("random: float32, chunk = 1", qkv((b1,), np.float32), {"chunk": 1}),
+        Case("random: one key, chunk larger than T_k", qkv(n_k=1), {"chunk": chunk}),
     ]
 
 
@@ -85,6 +108,12 @@ def chunked_nan_on_masked_rows(Q, K, V, mask=None, chunk=256):
          "range(0, T_k, chunk) so the keys after the last full block are not dropped")
 def chunked_drops_the_last_block(Q, K, V, mask=None, chunk=256):
     return _online_softmax(Q, K, V, mask, chunk, keep_last=False)
+
+
+@mistake("chunked_attention", "divide the scores by sqrt(d_k), the width of the queries and keys, "
+         "not by sqrt(d_v), the width of the values")
+def chunked_scaled_by_value_width(Q, K, V, mask=None, chunk=256):
+    return _online_softmax(Q * np.sqrt(Q.shape[-1] / V.shape[-1]), K, V, mask, chunk)
 
 
 @mistake("chunked_attention", "a softmax per block is not the softmax over all keys: keep a running "

@@ -1,9 +1,11 @@
 """Chapter 9, the decoder side: the check of `decoder_block`, its cases and its
 catalogued mistakes."""
 
-import mha.numpy as mn
-from mha.checks.inputs import attention_params, rng, weights
-from mha.checks.registry import Case, cases_for, make_check, mistake
+import numpy as np
+
+from mha.checks.inputs import attention_params, batch, cast, normal, padding, rng, sizes, weights, with_an_empty_row
+from mha.checks.reference import NUMPY as mn
+from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
 
 def decoder_block_params(r, d, d_ff, bias=True):
@@ -18,7 +20,8 @@ def decoder_block_params(r, d, d_ff, bias=True):
     return params
 
 
-@cases_for("decoder_block", returns=("out", ("self_weights", "cross_weights")))
+@cases_for("decoder_block", returns=("out", ("self_weights", "cross_weights")),
+           may_use="mnp.multihead_attention, mnp.layer_norm and mnp.feed_forward (not mnp.causal_mask)")
 def decoder_block_cases():
     """Post-norm and pre-norm, causal masks given both ways, padding, and a source with no real token."""
     r = rng()
@@ -33,6 +36,29 @@ def decoder_block_cases():
         Case("no biases, a source with no real token", (X, memory[:, :3], 2),
              {**decoder_block_params(r, 6, 8, bias=False), "causal": True, "eps": 0.1,
               "memory_mask": mn.padding_mask([3, 0], 3)}),
+    ]
+
+
+@random_cases_for("decoder_block")
+def decoder_block_random_cases(r):
+    """Post-norm on a 4-D batch with a target query that may attend to nothing and a source of padding
+    only, pre-norm with GELU in float32 and the causal mask in self_mask, and T = 1 without biases."""
+    (h, d_head), (T, T_k, d_ff), b = sizes(r, 2, 1, 3), sizes(r, 3, 2, 6), batch(r, 2)
+    d = h * (d_head + 3)  # at least 4 features, for LayerNorm in float32 (see ch06)
+
+    def sequences(lead, n_queries, dtype=np.float64):
+        return normal(r, lead + (n_queries, d), dtype), normal(r, lead + (T_k, d), dtype), h
+
+    return [
+        Case("random: post-norm, causal, a 4-D batch, a source of padding only", sequences(b, T),
+             {**decoder_block_params(r, d, d_ff), "causal": True, "self_mask": with_an_empty_row(r, (*b, 1, T, T)),
+              "memory_mask": padding(r, b, T_k)}),
+        Case("random: pre-norm, gelu, float32, the causal mask given as self_mask", sequences(b[:1], T, np.float32),
+             {**cast(decoder_block_params(r, d, d_ff), np.float32), "norm_first": True, "activation": "gelu",
+              "self_mask": mn.causal_mask(T)}),
+        Case("random: T = 1, no biases", sequences(b[:1], 1),
+             {**decoder_block_params(r, d, d_ff, bias=False), "causal": True, "eps": 0.3,
+              "norm_first": bool(r.integers(2))}),
     ]
 
 

@@ -10,7 +10,14 @@ import inspect
 
 import numpy as np
 
-RTOL, ATOL = 1e-5, 1e-8
+RTOL, ATOL = 1e-5, 1e-8  # for float64 results
+RTOL_SINGLE, ATOL_SINGLE = 1e-4, 1e-4  # for float32 results: about 7 digits, of sums of larger terms
+
+
+def tolerance(*arrays):
+    """(rtol, atol) for comparing `arrays`: looser when one of them holds float32 (or narrower) numbers."""
+    narrow = any(a.dtype.kind == "f" and a.dtype.itemsize < 8 for a in map(np.asarray, arrays))
+    return (RTOL_SINGLE, ATOL_SINGLE) if narrow else (RTOL, ATOL)
 
 
 def describe_value(name, value):
@@ -72,13 +79,15 @@ def compare_booleans(what, expected, got):
 
 
 def compare_numbers(what, expected, got):
-    """None if the numbers agree within RTOL and ATOL, else where they differ most (or are not finite)."""
+    """None if the numbers agree within the expected dtype's tolerance, else where they differ most
+    (or are not finite)."""
     bad = ~np.isfinite(got) & np.isfinite(expected)
     if bad.any():
         i = tuple(int(n) for n in np.argwhere(bad)[0])
         return f"{what}: got {got[i]} at index {i} where {expected[i]:.6g} was expected"
+    rtol, atol = tolerance(expected)
     diff = np.abs(got.astype(float) - expected)
-    if np.all(diff <= ATOL + RTOL * np.abs(expected)):
+    if np.all(diff <= atol + rtol * np.abs(expected)):
         return None
     i = tuple(int(n) for n in np.unravel_index(np.argmax(diff), diff.shape))
     return (f"{what}: {describe_array(expected)} as expected, but the largest difference is "
@@ -117,6 +126,6 @@ def same_answer(wrong, got, structure):
     try:
         pairs = zip(flatten(wrong, structure), flatten(got, structure))
         return all(np.allclose(np.asarray(g, dtype=float), np.asarray(w, dtype=float),
-                               rtol=RTOL, atol=ATOL, equal_nan=True) for w, g in pairs)
+                               *tolerance(w, g), equal_nan=True) for w, g in pairs)
     except (TypeError, ValueError):
         return False

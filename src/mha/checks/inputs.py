@@ -1,6 +1,10 @@
-"""Seeded inputs that the cases of several chapters share: weights scaled like a
-real initialisation, a mask with a query that may attend to nothing, and the
-parameters of a multi-head attention layer."""
+"""Inputs that the cases of several chapters share.
+
+The named cases use `rng()`, the same numbers on every run. The random cases use the
+generator `r` that the registry seeds afresh on each call, and the helpers below:
+sizes and batches, arrays of either float dtype, weights of any shape, and masks in
+which some query may attend to nothing.
+"""
 
 import numpy as np
 
@@ -10,9 +14,29 @@ def rng():
     return np.random.default_rng(2026)
 
 
-def weights(r, rows, cols):
+def normal(r, shape, dtype=np.float64, scale=1.0):
+    """Normal numbers with standard deviation `scale`, of the given shape and dtype."""
+    return (scale * r.standard_normal(shape)).astype(dtype)
+
+
+def weights(r, rows, cols, dtype=np.float64):
     """A (rows, cols) weight matrix, scaled by 1/sqrt(rows)."""
-    return r.standard_normal((rows, cols)) / np.sqrt(rows)
+    return normal(r, (rows, cols), dtype, 1 / np.sqrt(rows))
+
+
+def sizes(r, n, low=1, high=4):
+    """n sizes drawn from low..high, as a tuple of ints: a shape, or widths."""
+    return tuple(int(s) for s in r.integers(low, high + 1, size=n))
+
+
+def batch(r, n):
+    """n batch sizes of 2 or 3: with more than one sequence, a mix-up between sequences shows."""
+    return sizes(r, n, 2, 3)
+
+
+def different_sizes(r, n, low=1, high=6):
+    """n sizes drawn from low..high, no two equal: widths that a mix-up cannot hide."""
+    return tuple(int(s) for s in r.choice(np.arange(low, high + 1), size=n, replace=False))
 
 
 def a_masked_row(T_q, T_k, row):
@@ -22,9 +46,37 @@ def a_masked_row(T_q, T_k, row):
     return mask
 
 
-def attention_params(r, d, bias=True):
-    """W_q, W_k, W_v, W_o (and b_q ... b_o with bias=True) of mha.numpy.multihead_attention."""
-    params = {f"W_{n}": weights(r, d, d) for n in "qkvo"}
+def with_an_empty_row(r, shape):
+    """A random boolean mask of `shape` (..., T_q, T_k), mostly True, in which one query may attend to nothing."""
+    mask = r.random(shape) < 0.7
+    mask[tuple(int(r.integers(n)) for n in shape[:-1])] = False
+    return mask
+
+
+def padding(r, lead, T):
+    """A padding mask of shape lead + (1, 1, T) for random lengths from 0 to T, one of them 0."""
+    lengths = r.integers(0, T + 1, size=lead)
+    lengths.flat[int(r.integers(lengths.size))] = 0
+    return (np.arange(T) < lengths[..., None])[..., None, None, :]
+
+
+def causal(T):
+    """The (T, T) causal mask, built here so that the cases never depend on the learner's library."""
+    return np.tril(np.ones((T, T), dtype=bool))
+
+
+def cast(params, dtype):
+    """A dict of parameters with every array cast to `dtype`; other values (None, numbers) as they are."""
+    return {k: v.astype(dtype) if isinstance(v, np.ndarray) else v for k, v in params.items()}
+
+
+def attention_params(r, d, bias=True, width=None, d_out=None):
+    """W_q, W_k, W_v, W_o (and b_q ... b_o with bias=True) of mha.numpy.multihead_attention:
+    W_q, W_k, W_v map d to `width` (default d), and W_o maps `width` to `d_out` (default d)."""
+    width, d_out = width or d, d_out or d
+    params = {f"W_{n}": weights(r, d, width) for n in "qkv"}
+    params["W_o"] = weights(r, width, d_out)
     if bias:
-        params.update({f"b_{n}": 0.3 * r.standard_normal(d) for n in "qkvo"})
+        params.update({f"b_{n}": 0.3 * r.standard_normal(width) for n in "qkv"})
+        params["b_o"] = 0.3 * r.standard_normal(d_out)
     return params

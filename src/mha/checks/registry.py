@@ -1,30 +1,38 @@
 """The one registry of the checks, and the code that runs them.
 
-A chapter module declares each check in three parts, side by side:
+A chapter module declares each check in four parts, side by side:
 
-    @cases_for("softmax")                                # the inputs to try
+    @cases_for("softmax")                                # the named inputs to try, with their hints
     def softmax_cases(): ...
+
+    @random_cases_for("softmax")                         # inputs drawn afresh on every call
+    def softmax_random_cases(r): ...
 
     @mistake("softmax", "normalise along `axis`")        # a classic wrong answer
     def softmax_wrong_axis(x, axis=-1): ...
 
     check_softmax = make_check("softmax")               # what the learner calls
 
-`@cases_for` adds an entry to `CHECKS` (name -> `Check`); `@mistake` adds a
-wrong implementation and its hint to that entry, so cases come first. A check
-calls the learner's function exactly as `mha.numpy.<name>` is called, on every
-case, and raises `CheckFailed` at the first wrong answer, with the hint of the
-first catalogued mistake that gives the same answer.
+`@cases_for` adds an entry to `CHECKS` (name -> `Check`); `@random_cases_for` and
+`@mistake` add to that entry, so cases come first. A check calls the learner's
+function exactly as `mha.numpy.<name>` is called, first on the named cases, then on
+random ones drawn from a generator seeded afresh on each call (`seed=` repeats a
+draw), and raises `CheckFailed` at the first wrong answer, with the hint of the first
+catalogued mistake that gives the same answer, and the seed. It compares with the
+reference kept in `mha.checks.reference`, and refuses a solution that calls the
+very function it should replace (`mha.checks.own_work`).
 """
 
 import copy
+import secrets
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-import mha.numpy as mn
 from mha.checks.compare import compare_result, describe_case, same_answer
+from mha.checks.own_work import Refusing
+from mha.checks.reference import reference, untouched_library
 
 OUT_AND_WEIGHTS = ("out", "weights")  # the structure of a result `(out, weights)`
 
@@ -40,9 +48,14 @@ class Case:
     args: tuple
     kwargs: dict = field(default_factory=dict)
 
+    def arguments(self):
+        """Copies of (args, kwargs), so that no function can change the case for the next."""
+        return copy.deepcopy((self.args, self.kwargs))
+
     def call(self, fn):
-        """fn(*args, **kwargs) on copies, so that no function can change the case for the next."""
-        return fn(*copy.deepcopy(self.args), **copy.deepcopy(self.kwargs))
+        """fn(*args, **kwargs) on copies of the arguments."""
+        args, kwargs = self.arguments()
+        return fn(*args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -57,21 +70,23 @@ class Mistake:
 class Check:
     """Everything about the check of `mha.numpy.<name>`."""
     name: str
-    make_cases: Callable[[], list]  # returns the list of `Case`s, built afresh on each call
+    make_cases: Callable[[], list]  # returns the list of named `Case`s, built afresh on each call
     returns: tuple | None = None  # the structure of a result: None for one array (see mha.checks.compare)
+    may_use: str = "NumPy"  # what the exercise lets a solution call, for the hint when it calls the reference
+    make_random_cases: Callable | None = None  # make_random_cases(generator) returns more `Case`s
     mistakes: list = field(default_factory=list)
 
 
 CHECKS = {}
 
 
-def cases_for(name, returns=None):
-    """Register the function that makes the cases of `check_<name>`; `returns` as in `Check`."""
+def cases_for(name, returns=None, may_use="NumPy"):
+    """Register the function that makes the named cases of `check_<name>`; `returns`, `may_use` as in `Check`."""
     def register(make_cases):
         earlier = CHECKS.get(name)
         if earlier is not None and earlier.make_cases.__module__ != make_cases.__module__:
             raise ValueError(f"the cases of {name} are already registered in {earlier.make_cases.__module__}")
-        CHECKS[name] = Check(name, make_cases, returns)
+        CHECKS[name] = Check(name, make_cases, returns, may_use)
         return make_cases
     return register
 
@@ -83,6 +98,14 @@ def registered(name):
     except KeyError:
         raise LookupError(f"no cases are registered for {name}: "
                           f"decorate a function with @cases_for({name!r}) first") from None
+
+
+def random_cases_for(name):
+    """Register the function that draws random cases for `check_<name>` from a NumPy Generator."""
+    def register(make_random_cases):
+        registered(name).make_random_cases = make_random_cases
+        return make_random_cases
+    return register
 
 
 def mistake(name, hint):
@@ -111,51 +134,86 @@ def matching_hint(check, case, got):
     return None
 
 
-def call_learner(name, fn, reference, case):
+def fresh_seed():
+    """A seed for the random cases of one call, from the operating system's randomness: no two calls
+    can be told apart in advance, so no answer recorded in one call fits the next."""
+    return secrets.randbits(32)
+
+
+def seed_line(name, fn, seed):
+    """How to draw the same random cases again."""
+    shown = getattr(fn, "__name__", "")
+    shown = shown if shown.isidentifier() else "fn"
+    return f"  seed {seed} drew the random cases: reproduce with check_{name}({shown}, seed={seed})"
+
+
+def call_learner(check, fn, case, seed):
     """The learner's answer on `case`, or CheckFailed (NotImplementedError for a stub) saying why none."""
-    try:
-        with np.errstate(all="ignore"):
-            return case.call(fn)
-    except NotImplementedError:
-        raise NotImplementedError(
-            f"{name} is not written yet: write it in the cell above, then run this check again"
-        ) from None
-    except Exception as error:
+    args, kwargs = case.arguments()
+    guard, failure = Refusing(check.name, reference(check.name), fn), None
+    if not guard.watching:  # fn is mha's own function, handed in as it is
+        raise CheckFailed(f"this is mha's own {check.name}, not yours: write it yourself, using only "
+                          f"{check.may_use}\n{seed_line(check.name, fn, seed)}")
+    with np.errstate(all="ignore"), guard:
+        try:
+            got = fn(*args, **kwargs)
+        except Exception as error:
+            failure = error
+    if guard.caught:
         raise CheckFailed(
-            f"{name} raised {type(error).__name__}: {error}\n"
-            f"  on the case '{case.label}' ({describe_case(reference, case)})"
-        ) from None
+            f"{check.name} calls mha's own {check.name}, the function this exercise asks you to write: "
+            f"write it yourself, using only {check.may_use}\n"
+            f"  on the case '{case.label}'\n{seed_line(check.name, fn, seed)}")
+    if failure is None:
+        return got
+    if isinstance(failure, NotImplementedError):
+        raise NotImplementedError(
+            f"{check.name} is not written yet: write it in the cell above, then run this check again") from None
+    raise CheckFailed(
+        f"{check.name} raised {type(failure).__name__}: {failure}\n"
+        f"  on the case '{case.label}' ({describe_case(reference(check.name), case)})\n"
+        f"{seed_line(check.name, fn, seed)}") from None
 
 
-def run_check(name, fn):
-    """Call `fn` on every case of the check and compare it with `mha.numpy.<name>`."""
+def expected_answer(name, case):
+    """The reference's answer on `case`, computed by the library as it was at import. (It never divides
+    by zero or overflows; errstate only hushes the rare spurious "invalid value" flag of a BLAS matmul.)"""
+    with untouched_library(), np.errstate(all="ignore"):
+        return case.call(reference(name))
+
+
+def run_check(name, fn, seed=None):
+    """Call `fn` on the named cases, then on random ones drawn with `seed` (fresh when None), and compare
+    with the library's `mha.numpy.<name>`. Prints one line when all pass; raises CheckFailed otherwise."""
     check = registered(name)
-    cases = check.make_cases()
     if not callable(fn):
         raise CheckFailed(f"check_{name} needs a function, got {type(fn).__name__}")
-    reference = getattr(mn, name)
-    for case in cases:
-        expected = case.call(reference)
-        got = call_learner(name, fn, reference, case)
+    seed = fresh_seed() if seed is None else seed
+    named = check.make_cases()
+    for case in named + check.make_random_cases(np.random.default_rng(seed)):
+        got = call_learner(check, fn, case, seed)
+        expected = expected_answer(name, case)  # only now: no answer waits in a frame the learner could read
         problem = compare_result(expected, got, check.returns)
         if problem:
             hint = matching_hint(check, case, got)
             raise CheckFailed(
                 f"{name} gives a wrong answer on the case '{case.label}'\n"
-                f"  input: {describe_case(reference, case)}\n  {problem}"
-                + (f"\n  hint: {hint}" if hint else "")
-            )
-    print(f"check_{name}: all {len(cases)} cases passed.")
+                f"  input: {describe_case(reference(name), case)}\n  {problem}"
+                + (f"\n  hint: {hint}" if hint else "") + "\n" + seed_line(name, fn, seed))
+    print(f"check_{name}: all {len(named)} cases passed.")  # the named ones; the random ones come on top
 
 
 def make_check(name):
-    """The function `check_<name>(fn)` that a chapter exports; its cases must be registered."""
-    registered(name)
+    """The function `check_<name>(fn, *, seed=None)` that a chapter exports; its cases, named and
+    random, must be registered."""
+    if registered(name).make_random_cases is None:
+        raise LookupError(f"no random cases are registered for {name}: "
+                          f"decorate a function with @random_cases_for({name!r}) first")
 
-    def check(fn):
-        run_check(name, fn)
+    def check(fn, *, seed=None):
+        run_check(name, fn, seed)
     check.__name__ = check.__qualname__ = f"check_{name}"
     check.__module__ = "mha.checks"  # where learners import it from
-    check.__doc__ = (f"Check a learner's `{name}` against `mha.numpy.{name}`; "
-                     f"raises CheckFailed with a hint on a wrong answer.")
+    check.__doc__ = (f"Check a learner's `{name}` against `mha.numpy.{name}` on named and random cases; "
+                     f"raises CheckFailed with a hint on a wrong answer. `seed` repeats a failed draw.")
     return check

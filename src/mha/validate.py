@@ -157,3 +157,33 @@ def check_activation(activation):
     if activation not in ACTIVATIONS:
         raise ValueError(f'activation must be "relu" or "gelu", got {activation!r} '
                          f'(or "gelu_tanh", the tanh approximation of GELU)')
+
+
+def check_cache_entries(keys, values, k, v):
+    """New keys k and values v (..., h_kv, T_new, d) that fit each other and the cached `keys` and
+    `values` (None while the cache is empty): same batch, heads, widths and dtype."""
+    for name, a in (("k", k), ("v", v)):
+        check_ndim(name, a, 3)
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"k has shape {shape_str(k.shape)} but v has shape "
+                         f"{shape_str(v.shape)}: they need the same batch, heads and positions")
+    if keys is None:
+        return
+    check_same_layout("batch size", batch_str(keys.shape[:-3]), batch_str(k.shape[:-3]))
+    check_same_layout("number of key/value heads", keys.shape[-3], k.shape[-3])
+    check_same_layout("key width d_head", keys.shape[-1], k.shape[-1])
+    check_same_layout("value width", values.shape[-1], v.shape[-1])
+    if k.dtype != keys.dtype or v.dtype != values.dtype:
+        raise ValueError(f"the cache holds {keys.dtype} keys and {values.dtype} values, but the new ones are "
+                         f"{k.dtype} and {v.dtype}: use one dtype for a whole generation")
+
+
+def batch_str(batch):
+    """A batch shape in words: `3` for (3,), `(2, 3)` for (2, 3), `none` for ()."""
+    return "none" if not batch else str(batch[0]) if len(batch) == 1 else shape_str(batch)
+
+
+def check_same_layout(what, cached, new):
+    if cached != new:
+        raise ValueError(f"the cache was filled with {what} {cached}, but the new keys have {what} {new}: "
+                         f"start a new KVCache() for another batch or another layer")

@@ -10,6 +10,9 @@ The modules, each importing only those above it:
     attention  softmax, scaled dot-product attention, heads, split and merge, masks
     blocks     LayerNorm, feed-forward, encoder and decoder blocks and stacks
     chunked    attention in bounded memory (keys in blocks, online softmax)
+    rotary     rotary position embeddings (RoPE), Llama's "rotate half" convention
+    cache      the key-value cache of generation
+    grouped    grouped-query attention (shared key/value heads), with RoPE and the cache
 Import the face, not the modules: `import mha.numpy as mnp`.
 """
 
@@ -24,7 +27,10 @@ from mha.numpy.blocks import (
     check_decoder_params, decoder, decoder_block, encoder, encoder_block, feed_forward, gelu, gelu_tanh, layer_norm,
     relu,
 )
+from mha.numpy.cache import KVCache
 from mha.numpy.chunked import chunked_attention
+from mha.numpy.grouped import attend_with_cache, causal_mask_after, grouped_query_attention, repeat_kv
+from mha.numpy.rotary import apply_rotary, rotary_embedding, rotate_half
 
 __all__ = [
     # attention
@@ -38,4 +44,7 @@ __all__ = [
     "gelu_tanh", "layer_norm", "relu",
     # chunked
     "chunked_attention",
+    # rotary, cache and grouped (chapter 10)
+    "rotary_embedding", "apply_rotary", "rotate_half", "KVCache", "repeat_kv", "causal_mask_after",
+    "attend_with_cache", "grouped_query_attention",
 ]

@@ -1,0 +1,42 @@
+"""The key-value cache of generation: the keys and values of every position seen so far.
+
+Decoding one token at a time, a layer's new query needs the keys and values of all
+earlier positions. They do not change once computed (a causal layer never looks
+ahead), so the cache keeps them and each step computes only the new ones.
+"""
+
+import numpy as np
+
+from mha import validate
+
+
+class KVCache:
+    """Keys and values (..., h_kv, T_cached, d_head) of one attention layer, grown by `append`.
+
+    `len(cache)` is the number of cached positions, so the next token's position.
+    The first `append` fixes the batch shape, the number of key/value heads, d_head
+    and the dtype; a later one that differs is a ValueError naming both.
+    """
+
+    def __init__(self):
+        self.keys = None  # (..., h_kv, T_cached, d_head), or None while empty
+        self.values = None  # (..., h_kv, T_cached, d_v)
+
+    def __len__(self):
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def __repr__(self):
+        shape = "empty" if self.keys is None else f"keys {validate.shape_str(self.keys.shape)}"
+        return f"{type(self).__name__}({shape})"
+
+    def append(self, k, v):
+        """Add the new keys k and values v, (..., h_kv, T_new, d), after the cached ones;
+        returns all keys and values, (..., h_kv, T_cached + T_new, d)."""
+        k, v = np.asarray(k), np.asarray(v)
+        validate.check_cache_entries(self.keys, self.values, k, v)
+        if self.keys is None:
+            self.keys, self.values = k.copy(), v.copy()
+        else:
+            self.keys = np.concatenate([self.keys, k], axis=-2)  # (..., h_kv, T_cached + T_new, d)
+            self.values = np.concatenate([self.values, v], axis=-2)
+        return self.keys, self.values

@@ -1,0 +1,45 @@
+"""The key-value cache of generation, the PyTorch face of `mha.numpy.cache`.
+
+Pass one `KVCache()` per attention layer as `cache=` to `GroupedQueryAttention`:
+each call appends its new keys and values (after RoPE) and attends to all of them.
+"""
+
+import torch
+
+from mha import validate
+from mha.torch.tensors import check_is_tensor
+
+
+class KVCache:
+    """Keys and values (..., h_kv, T_cached, d_head) of one attention layer, grown by `append`.
+
+    `len(cache)` is the number of cached positions, so the next token's position.
+    The first `append` fixes the batch shape, the number of key/value heads, d_head,
+    the dtype and the device; a later one that differs is a ValueError naming both.
+    """
+
+    def __init__(self):
+        self.keys = None  # (..., h_kv, T_cached, d_head), or None while empty
+        self.values = None  # (..., h_kv, T_cached, d_v)
+
+    def __len__(self):
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def __repr__(self):
+        shape = "empty" if self.keys is None else f"keys {validate.shape_str(self.keys.shape)}"
+        return f"{type(self).__name__}({shape})"
+
+    def append(self, k, v):
+        """Add the new keys k and values v, (..., h_kv, T_new, d), after the cached ones;
+        returns all keys and values, (..., h_kv, T_cached + T_new, d)."""
+        check_is_tensor("k", k)
+        check_is_tensor("v", v)
+        validate.check_cache_entries(self.keys, self.values, k, v)
+        if self.keys is None:
+            self.keys, self.values = k, v
+        else:
+            if k.device != self.keys.device:
+                raise ValueError(f"the cache is on {self.keys.device} but the new keys are on {k.device}")
+            self.keys = torch.cat([self.keys, k], dim=-2)  # (..., h_kv, T_cached + T_new, d)
+            self.values = torch.cat([self.values, v], dim=-2)
+        return self.keys, self.values

@@ -24,11 +24,15 @@ NUMPY_NAMES = [
     "scaled_dot_product_attention", "self_attention", "softmax", "split_heads", "symmetric_attention", "transpose",
     "ATTENTION_PARAMS", "BLOCK_PARAMS", "DECODER_BLOCK_PARAMS", "OPTIONAL_PARAMS", "decoder", "decoder_block",
     "encoder", "encoder_block", "feed_forward", "gelu", "layer_norm", "relu", "chunked_attention",
+    "repeat_kv", "rotary_embedding", "apply_rotary", "grouped_query_attention", "KVCache", "kv_cache_bytes",
+    "attend_with_cache", "causal_mask_after",
 ]
 TORCH_NAMES = [
     "scaled_dot_product_attention", "chunked_attention", "split_heads", "merge_heads", "causal_mask",
     "padding_mask", "masked_softmax", "SymmetricAttention", "HeadAttention", "MultiHeadAttentionLoop",
     "MultiHeadAttention", "EncoderBlock", "Encoder", "DecoderBlock", "Decoder", "layer_norm", "FeedForward",
+    "repeat_kv", "rotary_embedding", "apply_rotary", "GroupedQueryAttention", "KVCache", "kv_cache_bytes",
+    "attend_with_cache", "causal_mask_after",
 ]
 
 

@@ -27,7 +27,7 @@ from mha.numpy.blocks import (
     check_decoder_params, decoder, decoder_block, encoder, encoder_block, feed_forward, gelu, gelu_tanh, layer_norm,
     relu,
 )
-from mha.numpy.cache import KVCache
+from mha.numpy.cache import KVCache, kv_cache_bytes
 from mha.numpy.chunked import chunked_attention
 from mha.numpy.grouped import attend_with_cache, causal_mask_after, grouped_query_attention, repeat_kv
 from mha.numpy.rotary import apply_rotary, rotary_embedding, rotate_half
@@ -45,6 +45,6 @@ __all__ = [
     # chunked
     "chunked_attention",
     # rotary, cache and grouped (chapter 10)
-    "rotary_embedding", "apply_rotary", "rotate_half", "KVCache", "repeat_kv", "causal_mask_after",
+    "rotary_embedding", "apply_rotary", "rotate_half", "KVCache", "kv_cache_bytes", "repeat_kv", "causal_mask_after",
     "attend_with_cache", "grouped_query_attention",
 ]

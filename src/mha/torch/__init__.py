@@ -23,7 +23,7 @@ from mha.torch.attention import (
     split_heads, with_causal,
 )
 from mha.torch.blocks import Decoder, DecoderBlock, Encoder, EncoderBlock, FeedForward, layer_norm
-from mha.torch.cache import KVCache
+from mha.torch.cache import KVCache, kv_cache_bytes
 from mha.torch.chunked import chunked_attention
 from mha.torch.grouped import GroupedQueryAttention, attend_with_cache, causal_mask_after, repeat_kv
 from mha.torch.rotary import apply_rotary, rotary_embedding, rotate_half
@@ -37,6 +37,6 @@ __all__ = [
     "FeedForward", "masked_softmax_", "with_causal", "check_tensor", "check_mask_tensor", "check_qkv_tensors",
     "linear_weight", "linear_bias", "check_input", "check_x_and_context",
     # chapter 10: rotary positions, the key-value cache, grouped-query attention
-    "rotary_embedding", "apply_rotary", "rotate_half", "KVCache", "repeat_kv", "causal_mask_after",
+    "rotary_embedding", "apply_rotary", "rotate_half", "KVCache", "kv_cache_bytes", "repeat_kv", "causal_mask_after",
     "attend_with_cache", "GroupedQueryAttention",
 ]

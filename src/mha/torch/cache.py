@@ -43,3 +43,17 @@ class KVCache:
             self.keys = torch.cat([self.keys, k], dim=-2)  # (..., h_kv, T_cached + T_new, d)
             self.values = torch.cat([self.values, v], dim=-2)
         return self.keys, self.values
+
+
+def kv_cache_bytes(n_layers, n_kv_heads, d_head, T, *, batch=1, bytes_per_value=2):
+    """The memory a key-value cache holds: keys and values (2) for every layer, key/value head,
+    feature and position of every sequence, at `bytes_per_value` each (2 for float16 or bfloat16).
+
+    Llama 2 7B (32 layers, 32 heads of width 128) at T = 8192 in float16: 4 GiB per sequence.
+    """
+    sizes = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "d_head": d_head, "T": T, "batch": batch,
+             "bytes_per_value": bytes_per_value}
+    sizes = {name: validate.check_int(name, value, minimum=0 if name == "T" else 1) for name, value in sizes.items()}
+    return 2 * sizes["n_layers"] * sizes["n_kv_heads"] * sizes["d_head"] * sizes["T"] * sizes["batch"] \
+        * sizes["bytes_per_value"]
+

@@ -21,6 +21,13 @@ def padding_with_an_empty_row():
     return mask
 
 
+def cached(module, x):
+    """A KVCache holding what `module` computed over x: a prefix to decode after."""
+    cache = mt.KVCache()
+    module(x, cache=cache)
+    return cache
+
+
 def cases():
     """name -> a function of one tensor x (T, D) that returns a tensor: each public function and module."""
     torch.manual_seed(0)
@@ -36,6 +43,8 @@ def cases():
         "EncoderBlock": mt.EncoderBlock(D, H, 6, **F64),
         "Encoder": mt.Encoder(2, D, H, 6, norm_first=True, **F64),
     }
+    gqa = mt.GroupedQueryAttention(D, H, 1, rope_base=100.0, bias=True, **F64)  # returns (out, weights)
+    cos, sin = mt.rotary_embedding(T, D, **F64)
     decoder = mt.Decoder(2, D, H, 6, **F64)
     memory = torch.randn(T + 1, D, **F64)
     functions = {
@@ -52,6 +61,14 @@ def cases():
         "MultiHeadAttention, weights": lambda x: modules["MultiHeadAttention"](x, return_weights=True)[1],
         "DecoderBlock": lambda x: decoder.layers[0](x, memory, causal=True),
         "Decoder": lambda x: decoder(x, memory, causal=True),
+        "GroupedQueryAttention": lambda x: gqa(x)[0],
+        "GroupedQueryAttention, causal": lambda x: gqa(x, causal=True)[0],
+        "GroupedQueryAttention, weights": lambda x: gqa(x, mask=mask, return_weights=True)[1],
+        "GroupedQueryAttention, cached": lambda x: gqa(x[1:], causal=True, cache=cached(gqa, x[:1]))[0],
+        "apply_rotary": lambda x: mt.apply_rotary(x, cos, sin),
+        "repeat_kv": lambda x: mt.repeat_kv(x[None], 2) * x.sum(),
+        "attend_with_cache": lambda x: mt.attend_with_cache(
+            x[None, :2], x[None, :2], x[None, :2], K[None, :2], K[None, :2], causal=True, rope_base=100.0)[0],
     }
     return {**functions, **modules}
 

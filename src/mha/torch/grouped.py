@@ -88,6 +88,20 @@ def attend_with_cache(q, k, v, past_keys=None, past_values=None, *, causal=False
     return out, None, keys, values
 
 
+def check_llama_rope(config, rope_base):
+    """Llama's RoPE must be the one we build: the default kind, with base `rope_base`."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope_base is None or not rope:
+        return
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"the Llama config uses RoPE of type {rope['rope_type']!r}, which rescales the "
+                         f"frequencies; GroupedQueryAttention builds the default kind only")
+    theta = rope.get("rope_theta", rope_base)
+    if theta != rope_base:
+        raise ValueError(f"the Llama config has rope_theta={theta} but rope_base={rope_base}: "
+                         f"pass rope_base={theta}")
+
+
 class GroupedQueryAttention(nn.Module):
     """n_heads query heads sharing n_kv_heads key/value heads, with optional RoPE and a KV cache.
 
@@ -140,6 +154,7 @@ class GroupedQueryAttention(nn.Module):
         if not all(isinstance(layer, nn.Linear) for layer in layers):
             raise TypeError(f"expected a transformers LlamaAttention with q_proj, k_proj, v_proj and o_proj, "
                             f"got {type(attention).__name__}")
+        check_llama_rope(getattr(attention, "config", None), rope_base)
         q_proj, k_proj, v_proj, o_proj = layers
         d_head = attention.head_dim
         weight = q_proj.weight

@@ -104,6 +104,15 @@ def test_module_equals_pytorch_sdpa_with_enable_gqa(n_kv_heads, causal):
                                    rtol=1e-10, atol=1e-12)
 
 
+def test_from_llama_copies_biases_on_q_k_v_only_as_qwen_has_them():
+    attention, rotary = llama_layer(2, bias=True)
+    attention.o_proj.bias = None
+    x = torch.randn(2, T, 64)
+    with torch.no_grad():
+        got = mt.GroupedQueryAttention.from_llama(attention)(x, causal=True)[0]
+    torch.testing.assert_close(got, llama_forward(attention, rotary, x), rtol=1e-5, atol=1e-5)
+
+
 def test_from_llama_refuses_what_it_cannot_copy():
     attention, _ = llama_layer(2, theta=500000.0)
     with pytest.raises(ValueError, match="rope_theta=500000.0 but rope_base=10000.0: pass rope_base=500000.0"):

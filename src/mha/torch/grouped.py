@@ -164,8 +164,10 @@ class GroupedQueryAttention(nn.Module):
         with torch.no_grad():
             for mine, theirs in zip((ours.W_q, ours.W_k, ours.W_v, ours.W_o), layers):
                 mine.weight.copy_(theirs.weight)
-                if mine.bias is not None:  # Qwen-style: biases on q, k, v only, none on o
-                    mine.bias.copy_(theirs.bias) if theirs.bias is not None else mine.bias.zero_()
+                if theirs.bias is not None:
+                    mine.bias.copy_(theirs.bias)
+                elif mine.bias is not None:  # Qwen-style: biases on q, k, v only, none on o
+                    mine.bias.zero_()
         return ours.train(attention.training)
 
     def numpy_params(self):

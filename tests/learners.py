@@ -4,6 +4,7 @@
 for `mha.numpy.<name>`, compiled again in a module of the learner's (as if copied into
 a notebook cell), so that it is another function with the same answers. The recorders
 and replays are wrong solutions that remember what an earlier check asked and answered.
+`FROM_SCRATCH` holds right solutions of chapter 10 that share no code with the library.
 """
 
 import inspect
@@ -62,3 +63,53 @@ def same_inputs(a, b):
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.shape(a) == np.shape(b) and np.array_equal(a, b)
     return type(a) is type(b) and a == b
+
+
+# Chapter 10 from scratch: right solutions that share no code with the library ---------
+
+
+def repeat_kv(x, n_rep):
+    return np.repeat(x, n_rep, axis=-3)  # (..., h_kv * n_rep, T, d): head j is head j // n_rep
+
+
+def apply_rotary(x, cos, sin):
+    x1, x2 = x[..., :x.shape[-1] // 2], x[..., x.shape[-1] // 2:]  # (..., T, d/2) each
+    return x * cos + np.concatenate([-x2, x1], axis=-1) * sin
+
+
+def kv_cache_bytes(n_layers, n_kv_heads, d_head, T, *, batch=1, bytes_per_value=2):
+    return 2 * n_layers * n_kv_heads * d_head * T * batch * bytes_per_value  # keys and values
+
+
+def attend_with_cache(q, k, v, past_keys=None, past_values=None, *, causal=False, mask=None, rope_base=None):
+    return cached_attention(q, k, v, past_keys, past_values, causal, mask, rope_base)
+
+
+def cached_attention(q, k, v, past_keys, past_values, causal, mask, rope_base, *, offset=True, shifted=True):
+    """One step of generation as a learner writes it, in float64 throughout: right with the defaults;
+    offset=False turns the new tokens as if they were at positions 0 .., shifted=False builds the causal
+    mask as if the cache were empty."""
+    T_past = 0 if past_keys is None else past_keys.shape[-2]
+    T_new, d = q.shape[-2:]
+    if rope_base is not None:
+        positions = np.arange(T_past if offset else 0, (T_past if offset else 0) + T_new)
+        angles = positions[:, None] * rope_base ** (-np.arange(0, d, 2) / d)  # (T_new, d/2)
+        angles = np.concatenate([angles, angles], axis=-1)  # (T_new, d)
+        q, k = (apply_rotary(a, np.cos(angles), np.sin(angles)) for a in (q, k))
+    keys = k if past_keys is None else np.concatenate([past_keys, k], axis=-2)  # (..., h_kv, T_total, d)
+    values = v if past_values is None else np.concatenate([past_values, v], axis=-2)
+    if causal:
+        allowed = np.arange(keys.shape[-2]) <= np.arange(T_new)[:, None] + (T_past if shifted else 0)
+        mask = allowed if mask is None else mask & allowed  # (T_new, T_total)
+    n_rep = q.shape[-3] // keys.shape[-3]
+    K, V = repeat_kv(keys, n_rep), repeat_kv(values, n_rep)  # (..., h, T_total, d)
+    scores = q @ np.swapaxes(K, -1, -2) / np.sqrt(d)
+    scores = scores if mask is None else np.where(mask, scores, -np.inf)
+    top = scores.max(axis=-1, keepdims=True)
+    e = np.exp(scores - np.where(np.isfinite(top), top, 0))
+    total = e.sum(axis=-1, keepdims=True)
+    weights = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    return weights @ V, weights, keys, values
+
+
+FROM_SCRATCH = {f.__name__: f for f in (repeat_kv, apply_rotary, attend_with_cache, kv_cache_bytes)}

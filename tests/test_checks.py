@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-from learners import own_copy
+from learners import FROM_SCRATCH, own_copy
 
 import mha.checks as checks
 import mha.numpy as mn
@@ -53,7 +53,7 @@ def test_the_registry_refuses_a_mistake_without_cases_and_cases_registered_twice
 
 
 MODULES = ["mha.checks"] + [f"mha.checks.{m}" for m in ("registry", "compare", "inputs", "reference",
-                                                          "own_work", *(f"ch0{i}" for i in range(1, 10)))]
+                                                          "own_work", *(f"ch{i:02d}" for i in range(1, 11)))]
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -76,6 +76,14 @@ def test_check_passes_a_copy_of_the_reference_quietly(name, capsys):
     assert result is None
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed == [f"check_{name}: all {len(CHECKS[name].make_cases())} cases passed."]
+
+
+@pytest.mark.parametrize("name", FROM_SCRATCH)
+def test_a_right_solution_written_from_scratch_passes_whatever_the_seed(name, capsys):
+    """Chapter 10's solutions share no code with the library (and compute in float64 throughout)."""
+    for seed in (None, 0, 1, 2):
+        getattr(checks, f"check_{name}")(FROM_SCRATCH[name], seed=seed)
+    assert capsys.readouterr().out.count(f"check_{name}: all ") == 4
 
 
 def test_the_catalogue_is_large_and_covers_every_check():

@@ -11,7 +11,7 @@ from contextlib import redirect_stdout
 
 import numpy as np
 import pytest
-from learners import own_copy
+from learners import cached_attention, own_copy
 
 import mha.checks as checks
 
@@ -209,6 +209,47 @@ def decoder_default_eps(X, memory, n_heads, *, eps=1e-5, **options):
     return own_copy("decoder_block")(X, memory, n_heads, **options)
 
 
+def repeat_kv_concatenated(x, n_rep):  # torch's .repeat: the whole stack of heads, n_rep times over
+    return np.concatenate([x] * n_rep, axis=-3)
+
+
+def repeat_kv_3_or_4_d(x, n_rep):
+    heads = np.arange(x.shape[-3] * n_rep) // n_rep
+    return x[heads] if x.ndim == 3 else x[:, heads]
+
+
+def apply_rotary_complex(x, cos, sin):  # Meta's original code: pairs (2i, 2i + 1) as complex numbers
+    half = x.shape[-1] // 2
+    turned = (x[..., 0::2] + 1j * x[..., 1::2]) * (cos[..., :half] + 1j * sin[..., :half])  # (..., T, d/2)
+    return np.stack([turned.real, turned.imag], axis=-1).reshape(x.shape)
+
+
+def attend_positions_from_0(q, k, v, past_keys=None, past_values=None, *, causal=False, mask=None, rope_base=None):
+    return cached_attention(q, k, v, past_keys, past_values, causal, mask, rope_base, offset=False)
+
+
+def attend_mask_top_left(q, k, v, past_keys=None, past_values=None, *, causal=False, mask=None, rope_base=None):
+    return cached_attention(q, k, v, past_keys, past_values, causal, mask, rope_base, shifted=False)
+
+
+def attend_causal_replaces_mask(q, k, v, past_keys=None, past_values=None, *, causal=False, mask=None,
+                                rope_base=None):
+    return cached_attention(q, k, v, past_keys, past_values, causal, None if causal else mask, rope_base)
+
+
+def kv_cache_bytes_keys_only(n_layers, n_kv_heads, d_head, T, *, batch=1, bytes_per_value=2):
+    return n_layers * n_kv_heads * d_head * T * batch * bytes_per_value
+
+
+def kv_cache_bytes_float32_default(n_layers, n_kv_heads, d_head, T, *, batch=1, bytes_per_value=4):
+    return 2 * n_layers * n_kv_heads * d_head * T * batch * bytes_per_value
+
+
+def kv_cache_bytes_int32(n_layers, n_kv_heads, d_head, T, *, batch=1, bytes_per_value=2):
+    sizes = np.array([2, n_layers, n_kv_heads, d_head, T, batch, bytes_per_value], dtype=np.int32)
+    return np.prod(sizes, dtype=np.int32)  # overflows past 2 GiB
+
+
 WRONG = [
     ("softmax", softmax_global_max), ("softmax", softmax_float64_only), ("softmax", softmax_up_to_3_d),
     ("self_attention", self_attention_uniform_when_alone), ("self_attention", self_attention_2_or_3_d),
@@ -229,6 +270,11 @@ WRONG = [
     ("attention_at_offset", offset_divided_by_keys), ("attention_at_offset", offset_assumes_square),
     ("chunked_attention", chunked_scaled_by_values), ("chunked_attention", chunked_float64_only),
     ("decoder_block", decoder_causal_replaces_self_mask), ("decoder_block", decoder_default_eps),
+    ("repeat_kv", repeat_kv_concatenated), ("repeat_kv", repeat_kv_3_or_4_d), ("apply_rotary", apply_rotary_complex),
+    ("attend_with_cache", attend_positions_from_0), ("attend_with_cache", attend_mask_top_left),
+    ("attend_with_cache", attend_causal_replaces_mask),
+    ("kv_cache_bytes", kv_cache_bytes_keys_only), ("kv_cache_bytes", kv_cache_bytes_float32_default),
+    ("kv_cache_bytes", kv_cache_bytes_int32),
 ]
 
 
@@ -246,4 +292,18 @@ def test_a_wrong_solution_is_rejected_whatever_the_seed(name, fn):
 ], ids=["global maximum", "sqrt(d_model // h)", "T_k - |offset|"])
 def test_the_wrong_solutions_of_the_issue_get_their_hints(name, fn, hint):
     with pytest.raises(checks.CheckFailed, match=re.escape(f"hint: {hint}")), redirect_stdout(io.StringIO()):
+        getattr(checks, f"check_{name}")(fn)
+
+
+@pytest.mark.parametrize("name,fn,hint", [
+    ("repeat_kv", repeat_kv_concatenated, "consecutive query heads share a key/value head"),
+    ("apply_rotary", apply_rotary_complex, "Hugging Face's Llama pairs feature i with feature i + d_head/2"),
+    ("attend_with_cache", attend_positions_from_0, "the new tokens sit at positions T_past"),
+    ("attend_with_cache", attend_mask_top_left, "new query t is at position T_past + t"),
+    ("kv_cache_bytes", kv_cache_bytes_keys_only, "the cache holds keys AND values"),
+    ("kv_cache_bytes", kv_cache_bytes_float32_default, "2 bytes (float16, bfloat16) by default"),
+], ids=["tiled heads", "interleaved pairs", "positions from 0", "top-left causal mask", "keys only", "float32"])
+def test_the_wrong_solutions_of_chapter_10_get_their_hints(name, fn, hint):
+    with pytest.raises(checks.CheckFailed, match=re.escape("hint: ") + ".*" + re.escape(hint)), \
+            redirect_stdout(io.StringIO()):
         getattr(checks, f"check_{name}")(fn)

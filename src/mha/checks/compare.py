@@ -1,9 +1,10 @@
 """How a check compares a learner's answer with the reference's, and says in words
 what it tried and how the two differ.
 
-A result is one array or a tuple of arrays, perhaps nested; its *structure*
-names the parts: None for one array, ("out", "weights") for a pair, or
-("out", ("self_weights", "cross_weights")) for a nested tuple.
+A result is one array (or a number) or a tuple of arrays, perhaps nested; its
+*structure* names the parts: None for one array, ("out", "weights") for a pair, or
+("out", ("self_weights", "cross_weights")) for a nested tuple. Floats agree
+within a tolerance; whole numbers (a count of bytes) must be exact.
 """
 
 import inspect
@@ -51,6 +52,7 @@ def describe_structure(structure):
 
 def compare_arrays(what, expected, got):
     """None if `got` equals `expected`, else a message saying how they differ."""
+    expected = np.asarray(expected)  # a number, such as a count of bytes, becomes a 0-d array
     if not isinstance(got, np.ndarray) and not np.isscalar(got):
         try:
             got = np.asarray(got)
@@ -63,6 +65,8 @@ def compare_arrays(what, expected, got):
         return compare_booleans(what, expected, got)
     if not np.issubdtype(got.dtype, np.number):
         return f"{what}: expected numbers, got dtype {got.dtype}"
+    if expected.dtype.kind in "iu":
+        return compare_integers(what, expected, got)
     return compare_numbers(what, expected, got)
 
 
@@ -76,6 +80,19 @@ def compare_booleans(what, expected, got):
         return (f"{what}: {len(wrong)} of {got.size} entries differ; first at index {i}: "
                 f"expected {expected[i]}, got {got[i]}")
     return None
+
+
+def compare_integers(what, expected, got):
+    """None if `got` holds exactly the expected whole numbers (ints, or floats of the same value), else the
+    first difference: a count is right or wrong, with no tolerance."""
+    wrong = np.argwhere(got != expected)
+    if not len(wrong):
+        return None
+    if expected.ndim == 0:
+        return f"{what}: expected {expected}, got {got}"
+    i = tuple(int(n) for n in wrong[0])
+    return (f"{what}: {len(wrong)} of {got.size} entries differ; first at index {i}: "
+            f"expected {expected[i]}, got {got[i]}")
 
 
 def compare_numbers(what, expected, got):

@@ -15,6 +15,9 @@ The modules, each also runnable alone (`python -m benchmarks.speed`):
             (chapter 4) against the fused form (chapter 5) in both backends
   memory    peak memory of the T x T form against chunked attention, up to T = 16384,
             one fresh process per measurement
+  generation  chapter 10: time per generated token with and without the KV cache, the
+            cache's memory for MHA, GQA and MQA (formula and real caches measured), and
+            GroupedQueryAttention against the same layer on F.scaled_dot_product_attention
   gpu       the GPU run (bf16/fp16, long T, fused kernels); says so and exits 0
             without a GPU. Not part of `python -m benchmarks`: run it on the GPU machine.
 
@@ -24,11 +27,13 @@ is the median of the per-round ratios ours / PyTorch. These machines are shared
 and noisy, so the tables report ratios; absolute milliseconds are indicative only.
 Targets (CPU, B=8, T=512, d=512, h=8): MultiHeadAttention <= 1.05x
 nn.MultiheadAttention; EncoderBlock <= 1.10x nn.TransformerEncoderLayer; the NumPy
-reference <= 1.5x nn.MultiheadAttention.
+reference <= 1.5x nn.MultiheadAttention; GroupedQueryAttention <= 1.10x the same layer
+written on F.scaled_dot_product_attention (B=4, T=256 and 1024, d=512, h=8).
 
-The book's chapter 8 reads the tables stored in src/mha/benchmark_results/ (written
+The book's chapters 8 and 10 read the tables stored in src/mha/benchmark_results/ (written
 by `python -m benchmarks --save src/mha/benchmark_results`; every JSON file records
 the machine it came from), so that its pages do not change from run to run; they
 ship inside the library, so the chapter runs in Colab too.
-Refresh them deliberately, then re-execute book/08_attention_at_scale.ipynb.
+Refresh them deliberately, then re-execute the chapters that read them (08, and 10 for
+generation, kv_cache_memory and gqa_vs_pytorch).
 """

@@ -4,11 +4,11 @@ import argparse
 import sys
 import time
 
-from benchmarks import memory, speed, sweeps
+from benchmarks import generation, memory, speed, sweeps
 from benchmarks.harness import machine
 
-MODULES = (speed, sweeps, memory)
-NAMES = [*speed.TABLES, *sweeps.TABLES, "memory"]
+MODULES = (speed, sweeps, memory, generation)
+NAMES = [*speed.TABLES, *sweeps.TABLES, "memory", *generation.TABLES]
 
 
 def main(argv=None):

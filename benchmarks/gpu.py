@@ -12,6 +12,10 @@ Without a GPU it says so and exits with status 0. On a GPU it prints:
                  kernels (F.scaled_dot_product_attention), the explicit form
                  (mha.torch.scaled_dot_product_attention) and mha.torch.chunked_attention,
                  with time and peak GPU memory (torch.cuda.max_memory_allocated)
+  gpu_gqa        mha.torch.GroupedQueryAttention vs the same layer written on
+                 F.scaled_dot_product_attention(enable_gqa=True) (benchmarks.generation's
+                 baseline), B=8, T=1024 and 4096, d=1024, h=16, h_kv 16/4/1, with and
+                 without RoPE, causal or not, in float32, bfloat16 and float16
 On a GPU absolute times mean something (the device is not shared with the
 interpreter), so the tables give milliseconds as well as ratios. The same code
 runs on the CPU at tiny sizes in the tests (`run("cpu", tiny=True)`).
@@ -23,12 +27,14 @@ import torch
 from torch import nn
 
 import mha.torch as mt
+from benchmarks import generation
 from benchmarks.harness import Table, compare, machine, ms
 
 FULL = dict(B=8, T=512, d=512, h=8, d_ff=2048, Ts=(1024, 2048, 4096, 8192, 16384, 32768), h_long=8, d_head=64,
-            rounds=21, warmup=5, dtypes=("float32", "bfloat16", "float16"))
+            rounds=21, warmup=5, dtypes=("float32", "bfloat16", "float16"),
+            gqa_B=8, gqa_Ts=(1024, 4096), gqa_d=1024, gqa_h=16, gqa_kv=(16, 4, 1))
 TINY = dict(B=2, T=8, d=16, h=2, d_ff=32, Ts=(16, 32), h_long=2, d_head=8, rounds=2, warmup=1,
-            dtypes=("float32", "bfloat16"))
+            dtypes=("float32", "bfloat16"), gqa_B=2, gqa_Ts=(8,), gqa_d=16, gqa_h=4, gqa_kv=(4, 1))
 
 
 def synchronised(device, fn):
@@ -137,10 +143,20 @@ def attention_table(device, size):
     return table
 
 
+def gqa_table(device, size):
+    table = Table("gpu_gqa", f"{generation.GQA_TITLE} on {device}", ["dtype", *generation.GQA_COLUMNS],
+                  settings={**generation.gqa_settings(size), "dtypes": ", ".join(size["dtypes"])},
+                  notes=generation.GQA_NOTES)
+    for name in size["dtypes"]:
+        generation.gqa_rows(table, size, device, getattr(torch, name), lambda fn: synchronised(device, fn))
+    return table
+
+
 def run(device="cuda", tiny=False):
     device = torch.device(device)
     size = TINY if tiny else FULL
-    return [mha_table(device, size), encoder_table(device, size), attention_table(device, size)]
+    return [mha_table(device, size), encoder_table(device, size), attention_table(device, size),
+            gqa_table(device, size)]
 
 
 def main(argv):

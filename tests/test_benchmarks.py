@@ -16,11 +16,11 @@ from conftest import ROOT
 from mha import benchmark_results
 
 sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the repository, not an installed package
-from benchmarks import gpu, harness, memory, speed, sweeps  # noqa: E402
+from benchmarks import generation, gpu, harness, memory, speed, sweeps  # noqa: E402
 
 RESULTS = ROOT / "src" / "mha" / "benchmark_results"
 STORED = ["mha_vs_pytorch", "encoder_vs_pytorch", "numpy_vs_pytorch", "causal", "sweep_T", "sweep_h",
-          "loop_vs_fused", "memory"]
+          "loop_vs_fused", "memory", "generation", "kv_cache_memory", "gqa_vs_pytorch"]
 
 
 def positive(value):
@@ -35,6 +35,11 @@ def speed_tables():
 @pytest.fixture(scope="module")
 def sweep_tables():
     return {t.name: t for t in sweeps.run(tiny=True)}
+
+
+@pytest.fixture(scope="module")
+def generation_tables():
+    return {t.name: t for t in generation.run(tiny=True)}
 
 
 def test_speed_tables_have_their_rows_and_sane_ratios(speed_tables):
@@ -99,6 +104,92 @@ def test_the_benchmarked_code_is_the_librarys_own(monkeypatch):
     assert calls["torch"] >= 3 * rounds and calls["numpy"] >= 3 * rounds
 
 
+def test_the_generation_tables_time_the_librarys_grouped_attention_and_cache(monkeypatch):
+    """Counting calls: GroupedQueryAttention.forward and KVCache.append of mha.torch do the work."""
+    calls = {"forward": 0, "cached forward": 0, "append": 0}
+    forward, append = mt.GroupedQueryAttention.forward, mt.KVCache.append
+
+    def counted_forward(self, *args, **kwargs):
+        calls["forward"] += 1
+        calls["cached forward"] += kwargs.get("cache") is not None
+        return forward(self, *args, **kwargs)
+
+    def counted_append(self, *args, **kwargs):
+        calls["append"] += 1
+        return append(self, *args, **kwargs)
+
+    monkeypatch.setattr(mt.GroupedQueryAttention, "forward", counted_forward)
+    monkeypatch.setattr(mt.KVCache, "append", counted_append)
+    size = generation.TINY
+    generation.generation_table(size)
+    per_T = size["gen_layers"] * (size["gen_rounds"] + size["warmup"])
+    assert calls["cached forward"] >= per_T * len(size["gen_Ts"])  # the timed steps, with the cache
+    assert calls["forward"] >= 2 * per_T * len(size["gen_Ts"])  # and the full forwards without it
+    assert calls["append"] >= calls["cached forward"]
+    calls.update(forward=0)
+    generation.gqa_table(size)
+    rows = len(size["gqa_Ts"]) * len(size["gqa_kv"]) * 2 * 2
+    assert calls["forward"] >= rows * (size["rounds"] + size["warmup"])
+
+
+def test_generation_tables_run_at_tiny_size(generation_tables):
+    assert list(generation_tables) == ["generation", "kv_cache_memory", "gqa_vs_pytorch"]
+    rows = generation_tables["generation"].rows
+    assert [row["T"] for row in rows] == list(generation.TINY["gen_Ts"])
+    for row in rows:
+        assert all(positive(v) for v in row.values())
+    kv = generation_tables["kv_cache_memory"].rows
+    assert [(row["attention"], row["n_kv_heads"]) for row in kv] == [("MHA", 32), ("GQA", 8), ("MQA", 1)]
+    for row in kv:
+        assert row["measured (bytes)"] == row["formula (bytes)"] > 0
+        assert row["measured at"] == f"{generation.TINY['mem_layers']} layers, T={generation.TINY['mem_T']}"
+    gqa = generation_tables["gqa_vs_pytorch"].rows
+    assert len(gqa) == len(generation.TINY["gqa_Ts"]) * len(generation.TINY["gqa_kv"]) * 2 * 2
+    for row in gqa:
+        assert positive(row["ratio"]) and positive(row["ours (ms)"]) and positive(row["baseline (ms)"])
+        assert row["target"] == "<= 1.1" and row["met"] == ("yes" if row["ratio"] <= 1.1 else "NO")
+
+
+def test_stored_generation_table_shows_the_cache_winning_more_as_T_grows():
+    record = json.loads((RESULTS / "generation.json").read_text())
+    assert [row["T"] for row in record["rows"]] == list(generation.FULL["gen_Ts"])
+    speedups = [row["speedup"] for row in record["rows"]]
+    assert all(s > 1 for s in speedups), speedups
+    assert speedups == sorted(speedups) and speedups[-1] > 10 * speedups[0], speedups
+    for row in record["rows"]:
+        assert positive(row["without cache (ms/token)"]) and positive(row["with cache (ms/token)"])
+    assert {k: record["settings"][k] for k in ("layers", "n_heads", "n_kv_heads", "batch")} == \
+        {"layers": 4, "n_heads": 8, "n_kv_heads": 2, "batch": 1}
+
+
+def test_stored_kv_cache_memory_measures_exactly_the_formula():
+    record = json.loads((RESULTS / "kv_cache_memory.json").read_text())
+    rows = {row["attention"]: row for row in record["rows"]}
+    assert [(r["attention"], r["n_kv_heads"]) for r in record["rows"]] == [("MHA", 32), ("GQA", 8), ("MQA", 1)]
+    assert rows["MHA"]["GiB at 8K tokens (formula)"] == 4.0  # Llama 2 7B at 8K tokens, float16
+    L, T = record["settings"]["measured layers"], record["settings"]["measured T"]
+    assert (L, T) == (generation.FULL["mem_layers"], generation.FULL["mem_T"])
+    for row in rows.values():
+        assert row["measured at"] == f"{L} layers, T={T}"
+        assert row["measured (bytes)"] == row["formula (bytes)"] == mt.kv_cache_bytes(L, row["n_kv_heads"], 128, T)
+        assert row["measured scaled to 8K (GiB)"] == row["GiB at 8K tokens (formula)"]
+    for column in ("GiB at 8K tokens (formula)", "measured (bytes)"):
+        assert rows["MHA"][column] == 4 * rows["GQA"][column] == 32 * rows["MQA"][column]
+
+
+def test_stored_gqa_vs_pytorch_has_every_configuration():
+    record = json.loads((RESULTS / "gqa_vs_pytorch.json").read_text())
+    size = generation.FULL
+    assert [(r["T"], r["n_kv_heads"], r["RoPE"], r["causal"]) for r in record["rows"]] == [
+        (T, h_kv, rope, causal) for T in size["gqa_Ts"] for h_kv in size["gqa_kv"]
+        for rope in ("yes", "no") for causal in ("yes", "no")]
+    for row in record["rows"]:
+        assert positive(row["ours (ms)"]) and positive(row["baseline (ms)"]) and positive(row["ratio"])
+        assert row["met"] == ("yes" if row["ratio"] <= 1.1 else "NO")
+    assert "target <= 1.1" in record["notes"]
+    assert {k: record["settings"][k] for k in ("B", "d_model", "n_heads")} == {"B": 4, "d_model": 512, "n_heads": 8}
+
+
 def test_memory_table_measures_each_form_in_its_own_process():
     table = memory.run(tiny=True)[0]
     forms = list(memory.FORMS.values())
@@ -117,14 +208,14 @@ def test_memory_table_skips_what_would_not_fit():
 
 def test_one_command_prints_every_table_and_saves_csv_and_json(tmp_path):
     result = subprocess.run([sys.executable, "-m", "benchmarks", "--tiny", "--save", str(tmp_path),
-                             "--only", "mha,causal,sweep_T"],
+                             "--only", "mha,causal,sweep_T,kv_cache_memory"],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("machine: cpu ")
     for title in ("mha.torch.MultiHeadAttention vs torch.nn.MultiheadAttention", "Causal self-attention",
-                  "Forward time across T"):
+                  "Forward time across T", "KV cache memory of MHA, GQA and MQA"):
         assert title in result.stdout
-    for name in ("mha_vs_pytorch", "causal", "sweep_T"):
+    for name in ("mha_vs_pytorch", "causal", "sweep_T", "kv_cache_memory"):
         record = json.loads((tmp_path / f"{name}.json").read_text())
         assert record["name"] == name and record["rows"] and record["machine"]["cores"] >= 1
         header = (tmp_path / f"{name}.csv").read_text().splitlines()[0]
@@ -150,12 +241,15 @@ def test_gpu_script_says_there_is_no_gpu_and_exits_0():
 
 def test_gpu_tables_run_on_the_cpu_at_tiny_size():
     tables = gpu.run("cpu", tiny=True)
-    assert [t.name for t in tables] == ["gpu_mha", "gpu_encoder", "gpu_attention"]
+    assert [t.name for t in tables] == ["gpu_mha", "gpu_encoder", "gpu_attention", "gpu_gqa"]
     assert {row["dtype"] for row in tables[0].rows} == {"float32", "bfloat16"}
     forms = [row["form"] for row in tables[2].rows]
     assert forms.count("fused kernel") == forms.count("explicit") == forms.count("chunked") == 4
-    for table in tables[:2]:
+    for table in (tables[0], tables[1], tables[3]):
         assert all(positive(row["ratio"]) for row in table.rows)
+    gqa = tables[3].rows
+    assert len(gqa) == 2 * len(gpu.TINY["gqa_Ts"]) * len(gpu.TINY["gqa_kv"]) * 2 * 2
+    assert {row["dtype"] for row in gqa} == {"float32", "bfloat16"}
 
 
 def test_table_refuses_a_row_without_every_column():

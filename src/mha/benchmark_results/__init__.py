@@ -1,7 +1,7 @@
 """The benchmark tables of the last deliberate run, stored with the library.
 
 `python -m benchmarks --save src/mha/benchmark_results` writes them (one JSON and
-one CSV file per table); chapter 8 reads them with `load`. Shipping them inside
+one CSV file per table); chapters 8 and 10 read them with `load`. Shipping them inside
 the package lets the chapter run wherever `mha` is installed, Colab included,
 and keeps its pages the same from one build to the next.
 """

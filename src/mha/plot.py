@@ -6,6 +6,7 @@ returns what it drew on, so a chapter needs one line per figure.
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.colors import ListedColormap
 
 
 def as_numpy(a):
@@ -16,11 +17,12 @@ def as_numpy(a):
 
 
 def attention_heatmap(weights, queries, keys=None, *, ax=None, title=None, annotate=None,
-                      cmap="Blues", vmax=None):
+                      cmap="Blues", vmax=None, colorbar=False):
     """Draw a (T_q, T_k) weight matrix; rows are queries, columns keys.
 
     queries, keys: token labels (keys defaults to queries). `annotate` writes
     each weight in its cell; by default only when the matrix is small.
+    `colorbar=True` adds the scale beside it (panels share one: `heatmap_panels`).
     """
     weights = as_numpy(weights)
     keys = queries if keys is None else keys
@@ -44,31 +46,50 @@ def attention_heatmap(weights, queries, keys=None, *, ax=None, title=None, annot
         for (i, j), w in np.ndenumerate(weights):
             color = "white" if w > 0.6 * image.get_clim()[1] else "black"
             ax.text(j, i, f"{w:.2f}", ha="center", va="center", fontsize=7, color=color)
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax, shrink=0.8, label="attention weight")
     return ax
 
 
 def head_heatmaps(weights, queries, keys=None, *, titles=None, ncols=None, size=3.2, vmax=None):
-    """One heatmap per head for weights of shape (h, T_q, T_k); returns the figure.
-
-    `vmax` sets one colour scale for every panel (default: each panel its own).
-    """
+    """One heatmap per head for weights of shape (h, T_q, T_k), on one colour scale with one
+    shared colorbar; returns the figure. `vmax` tops the scale (default: the largest weight)."""
     weights = as_numpy(weights)
     if weights.ndim != 3:
         raise ValueError(f"weights must have shape (h, T_q, T_k), got {weights.shape}")
-    h = weights.shape[0]
-    ncols = min(h, 4) if ncols is None else ncols
-    nrows = -(-h // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(size * ncols + 0.5, size * nrows + 0.5),
+    titles = titles or [f"head {i}" for i in range(weights.shape[0])]
+    return heatmap_panels([(w, queries, keys) for w in weights], titles=titles, ncols=ncols, size=size,
+                          vmax=vmax)
+
+
+def heatmap_panels(panels, *, titles=None, ncols=None, size=3.2, vmax=None, annotate=False):
+    """Several attention heatmaps side by side, on one colour scale with one shared colorbar.
+
+    panels: a list of (weights, queries) or (weights, queries, keys), weights (T_q, T_k).
+    `vmax` tops the scale (default: the largest weight of all panels). Returns the figure.
+    """
+    panels = [(as_numpy(p[0]), *p[1:]) for p in panels]
+    if not panels:
+        raise ValueError("panels must hold at least one (weights, queries) pair")
+    vmax = max(max(float(p[0].max()) for p in panels), 1e-9) if vmax is None else vmax
+    ncols = min(len(panels), 4) if ncols is None else ncols
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size * ncols + 1.2, size * nrows + 0.5),
                              squeeze=False, layout="constrained")
     for i, ax in enumerate(axes.flat):
-        if i >= h:
+        if i >= len(panels):
             ax.axis("off")
             continue
-        title = titles[i] if titles else f"head {i}"
-        attention_heatmap(weights[i], queries, keys, ax=ax, title=title, annotate=False, vmax=vmax)
+        weights, queries, *keys = panels[i]
+        attention_heatmap(weights, queries, keys[0] if keys else None, ax=ax, annotate=annotate, vmax=vmax,
+                          title=titles[i] if titles else None)
         if i % ncols:
             ax.set_ylabel("")
+    fig.colorbar(axes.flat[0].images[0], ax=axes, shrink=0.8, label="attention weight")
     return fig
+
+
+MASK_COLOURS = ListedColormap(["#ffffff", "#08306b"])  # False (blocked), True (may attend)
 
 
 def mask_image(mask, queries=None, keys=None, *, ax=None, title=None):
@@ -81,7 +102,11 @@ def mask_image(mask, queries=None, keys=None, *, ax=None, title=None):
     keys = list(range(T_k)) if keys is None else keys
     if ax is None:
         _, ax = plt.subplots(figsize=(0.4 * T_k + 1.5, 0.4 * T_q + 1))
-    ax.imshow(mask, cmap="Greys", vmin=-0.3, vmax=1.2)
+    ax.imshow(mask, cmap=MASK_COLOURS, vmin=0, vmax=1)  # blocked white, allowed dark: full contrast
+    ax.set_xticks(np.arange(-0.5, T_k), minor=True)
+    ax.set_yticks(np.arange(-0.5, T_q), minor=True)
+    ax.grid(which="minor", color="#888888", linewidth=0.5)
+    ax.tick_params(which="minor", length=0)
     ax.set_xticks(range(T_k), labels=keys, rotation=60, ha="right")
     ax.set_yticks(range(T_q), labels=queries)
     ax.set_xlabel("key")
@@ -154,3 +179,105 @@ def head_score_grids(scores, *, ncols=3, size=3.6, vmax=1.0):
         ax.axis("off")
     fig.colorbar(image, ax=axes, shrink=0.6, label="score")
     return fig
+
+
+def kv_head_groups(n_heads, n_kv_heads, *, titles=None, size=3.4):
+    """Which key/value head each query head reads: one panel per entry of `n_kv_heads`.
+
+    Query head j reads key/value head j // (n_heads / n_kv_heads), as in Llama's
+    grouped-query attention; heads that share a key/value head share a colour.
+    Returns the figure.
+    """
+    counts = [n_kv_heads] if isinstance(n_kv_heads, int) else list(n_kv_heads)
+    for h_kv in counts:
+        if n_heads % h_kv:
+            raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={h_kv}")
+    fig, axes = plt.subplots(1, len(counts), figsize=(size * len(counts), 2.4), squeeze=False, layout="constrained")
+    colours = plt.get_cmap("tab10").colors
+    for panel, (ax, h_kv) in enumerate(zip(axes.flat, counts)):
+        group = n_heads // h_kv
+        kv_x = [(g + 0.5) * group - 0.5 for g in range(h_kv)]  # each key/value head under its group
+        for j in range(n_heads):
+            colour = colours[(j // group) % len(colours)]
+            ax.plot([j, kv_x[j // group]], [1, 0], color=colour, lw=1.5, zorder=1)
+            ax.scatter([j], [1], s=260, marker="s", color=colour, zorder=2)
+            ax.text(j, 1, str(j), ha="center", va="center", color="white", fontsize=8, zorder=3)
+        for g, x in enumerate(kv_x):
+            ax.scatter([x], [0], s=420, marker="o", color=colours[g % len(colours)], edgecolor="black", zorder=2)
+            ax.text(x, 0, str(g), ha="center", va="center", color="white", fontsize=8, zorder=3)
+        ax.set_xlim(-0.8, n_heads - 0.2)
+        ax.set_ylim(-0.45, 1.45)
+        ax.set_yticks([0, 1], labels=["key/value\nheads", "query\nheads"] if panel == 0 else ["", ""])
+        ax.set_xticks([])
+        ax.tick_params(left=False)
+        for side in ("top", "right", "bottom", "left"):
+            ax.spines[side].set_visible(False)
+        ax.set_title(titles[panel] if titles else f"h = {n_heads}, h_kv = {h_kv}", fontsize=10)
+    return fig
+
+
+def cache_steps(T, *, size=3.6):
+    """The key and value rows each generation step computes, without and with a key-value cache.
+
+    Row t is the step that has t + 1 tokens; column s is position s. Without a cache
+    every step computes the rows of all its positions again; with one it computes only
+    the newest row and reads the others from the cache. Returns the figure.
+    """
+    steps = np.arange(T)[:, None]  # (T, 1): the newest position of each step
+    positions = np.arange(T)[None, :]  # (1, T)
+    new = positions == steps
+    earlier = positions < steps
+    names = ["not there yet", "computed again", "computed (new token)", "read from the cache"]
+    colours = ["#ffffff", "#f4a261", "#1d3557", "#a8dadc"]
+    fig, axes = plt.subplots(1, 2, figsize=(2 * size + 0.4, size + 0.6), layout="constrained")
+    for ax, again, title in ((axes[0], 1, "without a cache"), (axes[1], 3, "with a cache")):
+        codes = np.where(new, 2, np.where(earlier, again, 0))  # (T, T)
+        computed = int((codes == 1).sum() + (codes == 2).sum())
+        ax.imshow(codes, cmap=ListedColormap(colours), vmin=-0.5, vmax=3.5)
+        ax.set_xticks(range(T))
+        ax.set_yticks(range(T), labels=[f"{t + 1} tokens" for t in range(T)])
+        ax.set_xticks(np.arange(T + 1) - 0.5, minor=True)
+        ax.set_yticks(np.arange(T + 1) - 0.5, minor=True)
+        ax.grid(which="minor", color="#bbbbbb", lw=0.5)
+        ax.tick_params(which="minor", length=0)
+        ax.set_xlabel("position of the key and value row")
+        ax.set_title(f"{title}: {computed} rows computed")
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="#888888") for c in colours[1:]]
+    fig.legend(handles, names[1:], loc="outside lower center", ncols=3, frameon=False)
+    return fig
+
+
+def bar_chart(values, *, ylabel, ax=None, title=None, fmt="{:.3g}", logy=False):
+    """Named bars, each labelled with its value: values = {label: number}."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.5, 3.5))
+    labels, heights = list(values), [float(v) for v in values.values()]
+    bars = ax.bar(labels, heights, color=plt.get_cmap("tab10").colors[: len(labels)])
+    ax.bar_label(bars, labels=[fmt.format(v) for v in heights], padding=2)
+    ax.set_ylabel(ylabel)
+    if logy:
+        ax.set_yscale("log")
+    ax.margins(y=0.15)
+    if title:
+        ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    return ax
+
+
+def score_grid(scores, *, ax=None, title=None, xlabel="key position n", ylabel="query position m"):
+    """A (T_q, T_k) matrix of scores on a diverging colour scale centred at 0 (blue < 0 < red)."""
+    scores = as_numpy(scores)
+    if scores.ndim != 2:
+        raise ValueError(f"scores must be 2-D (T_q, T_k), got shape {scores.shape}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4, 3.6))
+    limit = max(float(np.abs(scores).max()), 1e-9)
+    ax.imshow(scores, cmap="RdBu_r", vmin=-limit, vmax=limit)
+    step = max(1, max(scores.shape) // 8)  # about 8 ticks on each axis, at whole positions
+    ax.set_xticks(range(0, scores.shape[1], step))
+    ax.set_yticks(range(0, scores.shape[0], step))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax

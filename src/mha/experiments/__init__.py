@@ -4,7 +4,9 @@
 - `counting`: parameters and multiply-adds of attention layers (chapters 4, 5, 8);
 - `heads`: why heads end up different: the two-relation task, heads that own their
   block of W_o, identical heads, knock-outs (chapter 7);
-- `pretrained`: all-MiniLM-L6-v2 loaded into `mha.torch.Encoder` (chapter 7).
+- `pretrained`: all-MiniLM-L6-v2 loaded into `mha.torch.Encoder` (chapter 7);
+- `sharing`: what sharing keys and values costs, grouped-query attention trained on
+  chapter 7's two-relation task (chapter 10).
 
 Import them as `from mha.experiments import tasks` or
 `from mha.experiments.heads import AttentionReadout`.

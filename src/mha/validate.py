@@ -187,3 +187,14 @@ def check_same_layout(what, cached, new):
     if cached != new:
         raise ValueError(f"the cache was filled with {what} {cached}, but the new keys have {what} {new}: "
                          f"start a new KVCache() for another batch or another layer")
+
+
+def check_group_sizes(n_heads, n_kv_heads):
+    """Grouped-query attention: h query heads must split evenly over h_kv key/value heads;
+    returns h / h_kv, the query heads per key/value head."""
+    n_heads, n_kv_heads = check_int("n_heads", n_heads), check_int("n_kv_heads", n_kv_heads)
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: each key/value head "
+                         f"must serve the same number of query heads")
+    return n_heads // n_kv_heads
+

@@ -29,15 +29,6 @@ def repeat_kv(x, n_rep):
     return x.reshape(*batch, h_kv * n_rep, T, d)  # (..., h_kv * n_rep, T, d)
 
 
-def check_group_sizes(n_heads, n_kv_heads):
-    """h query heads must split evenly over h_kv key/value heads; returns h / h_kv."""
-    n_heads, n_kv_heads = validate.check_int("n_heads", n_heads), validate.check_int("n_kv_heads", n_kv_heads)
-    if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: each key/value head "
-                         f"must serve the same number of query heads")
-    return n_heads // n_kv_heads
-
-
 def causal_mask_after(T_new, T_past):
     """(T_new, T_past + T_new) boolean: new query t (at position T_past + t) sees every cached
     key and the new keys up to itself."""
@@ -64,7 +55,7 @@ def attend_with_cache(q, k, v, past_keys=None, past_values=None, *, causal=False
     for name, a in (("q", q), ("k", k)):
         validate.check_ndim(name, a, 3)
     validate.check_cache_entries(cache.keys, cache.values, k, v)
-    n_rep = check_group_sizes(q.shape[-3], k.shape[-3])
+    n_rep = validate.check_group_sizes(q.shape[-3], k.shape[-3])
     T_past, T_new = len(cache), q.shape[-2]
     if rope_base is not None:
         cos, sin = rotary_embedding(T_new, q.shape[-1], rope_base, offset=T_past,  # (T_new, d_head)
@@ -89,7 +80,7 @@ def grouped_query_attention(X, W_q, W_k, W_v, W_o, n_heads, n_kv_heads, *, mask=
     out (..., T, d_model) and weights (..., h, T, T_k), where T_k = len(cache) or T.
     """
     X, _ = sequences(X)
-    check_group_sizes(n_heads, n_kv_heads)
+    validate.check_group_sizes(n_heads, n_kv_heads)
     W_q, W_k = matrix("W_q", W_q, X.shape[-1], "X"), matrix("W_k", W_k, X.shape[-1], "X")
     validate.check_divisible(W_q.shape[1], n_heads, "the width of W_q")
     d_head = W_q.shape[1] // n_heads

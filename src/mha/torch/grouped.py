@@ -27,15 +27,6 @@ def repeat_kv(x, n_rep):
     return x.reshape(*batch, h_kv * n_rep, T, d)  # (..., h_kv * n_rep, T, d)
 
 
-def check_group_sizes(n_heads, n_kv_heads):
-    """h query heads must split evenly over h_kv key/value heads; returns h / h_kv."""
-    n_heads, n_kv_heads = validate.check_int("n_heads", n_heads), validate.check_int("n_kv_heads", n_kv_heads)
-    if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: each key/value head "
-                         f"must serve the same number of query heads")
-    return n_heads // n_kv_heads
-
-
 def causal_mask_after(T_new, T_past, device=None):
     """(T_new, T_past + T_new) boolean: new query t (at position T_past + t) sees every cached
     key and the new keys up to itself."""
@@ -65,7 +56,7 @@ def attend_with_cache(q, k, v, past_keys=None, past_values=None, *, causal=False
         check_tensor(name, a)
         validate.check_ndim(name, a, 3)
     validate.check_cache_entries(cache.keys, cache.values, k, v)
-    n_rep = check_group_sizes(q.shape[-3], k.shape[-3])
+    n_rep = validate.check_group_sizes(q.shape[-3], k.shape[-3])
     T_past, T_new = len(cache), q.shape[-2]
     if rope_base is not None:
         cos, sin = rotary_embedding(T_new, q.shape[-1], rope_base, offset=T_past, dtype=q.dtype,
@@ -114,7 +105,7 @@ class GroupedQueryAttention(nn.Module):
                  device=None, dtype=None):
         super().__init__()
         self.d_model = validate.check_int("d_model", d_model)
-        self.n_rep = check_group_sizes(n_heads, n_kv_heads)
+        self.n_rep = validate.check_group_sizes(n_heads, n_kv_heads)
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         if d_head is None:
             validate.check_divisible(d_model, n_heads)

@@ -2,8 +2,8 @@
 
 A symbol is a Latin letter or a Greek letter, with its subscript when the subscript is part of
 its name: a role ($W_Q$, $T_k$, $d_v$), a word ($d_{\\text{head}}$), or the layer of the
-feed-forward network ($W_1$, $b_2$). An index subscript ($x_i$, $s_{ij}$, $W_{Q,i}$) belongs to
-the letter it indexes: defining $x$ and $s$ and $W_Q$ covers them.
+feed-forward network ($W_1$, $b_2$). An index subscript ($x_i$, $s_{ij}$, $W_{Q,i}$), or a word
+that names a token ($x_{\\text{cash}}$), belongs to the letter it indexes: defining $x$ and $s$ and $W_Q$ covers them.
 """
 
 import json
@@ -21,14 +21,15 @@ WORDS = re.compile(r"\\(?:text|mathrm|operatorname|mathbb|mathcal|mathbf|textbf|
 SUBSCRIPT = r"_(?:\{(?:[^{}]|\{[^{}]*\})*\}|\\[A-Za-z]+|[A-Za-z0-9])"
 SYMBOL = re.compile(r"(?<![\\A-Za-z@])([A-Za-z]|\\(?:" + "|".join(GREEK) + r"))(?![A-Za-z])(" + SUBSCRIPT + ")?")
 ROLES = {"Q", "K", "V", "O"}  # W_Q ... W_O and b_Q ... b_O; in Q_i, the i is an index (head i)
+TOKEN_VECTORS = set("xeqkvy")  # x_{\text{cash}} is the vector of the word "cash": x, indexed
 LOWER_ROLES = {"T": {"q", "k"}, "d": {"k", "v"}}  # T_q, T_k, d_k, d_v
 
 
 def symbol_name(letter, subscript):
     """The name under which a symbol must be defined: `W_Q` for W_{Q,i}, `x` for x_i, `d_head`."""
     inner = (subscript or "_")[1:].strip("{}").split(",")[0].strip()
-    if inner.startswith("@"):
-        return f"{letter}_{inner[1:]}"
+    if inner.startswith("@"):  # a word: a name (d_head), except on a token's vector, where it names the token
+        return letter if letter in TOKEN_VECTORS else f"{letter}_{inner[1:]}"
     if letter in ("W", "b") and inner in ROLES | {"1", "2"}:
         return f"{letter}_{inner}"
     if inner in LOWER_ROLES.get(letter, ()):

@@ -41,6 +41,38 @@ def test_related_words_attend_to_each_other():
     assert favourite["my"] == "I" and favourite["I"] == "my"
 
 
+def test_sentence_vectors_are_the_doubled_roles_with_a_little_noise():
+    words, X = tasks.sentence_vectors()
+    assert words == tasks.SENTENCE and words is not tasks.SENTENCE
+    assert X.shape == (10, len(tasks.ROLE_FEATURES)) == (10, 8)
+    roles = tasks.role_vectors(words)
+    noise = X / tasks.EMBEDDING_SCALE - roles
+    assert 0.05 < noise.std() < 0.2 and np.abs(noise).max() < 0.5
+    assert len({tuple(row) for row in X}) == len(words), "two words share a vector"
+    np.testing.assert_array_equal(tasks.sentence_vectors()[1], X)  # the same on every call
+
+
+def test_word_vectors_give_a_word_the_same_vector_everywhere():
+    _, X = tasks.sentence_vectors()
+    question = tasks.word_vectors(["where", "is", "my", "money"])
+    np.testing.assert_array_equal(question[2:], X[[5, 6]])
+    assert not np.allclose(question[1], tasks.word_vectors(["am"])[0])  # same roles, own noise
+    with pytest.raises(ValueError, match="no roles for"):
+        tasks.word_vectors(["cat"])
+
+
+def test_related_words_in_the_running_example_attend_to_each_other():
+    words, X = tasks.sentence_vectors()
+    _, weights = mn.self_attention(X)
+    _, others = mn.self_attention(X, exclude_self=True)
+    favourite = {w: words[int(np.argmax(row))] for w, row in zip(words, others)}
+    assert favourite["money"] == "bank" and favourite["bank"] == "money"
+    assert favourite["my"] == "I" and favourite["I"] == "my"
+    assert favourite["going"] == "deposit" and favourite["deposit"] == "going"
+    for w in ("I", "deposit", "money", "bank"):  # words with two roles keep the most for themselves
+        assert words[int(np.argmax(weights[words.index(w)]))] == w
+
+
 def test_add_positions_appends_one_hot_positions():
     tokens = torch.randn(3, 5, 4)
     X = tasks.add_positions(tokens)

@@ -85,7 +85,7 @@ check_softmax = make_check("softmax")
 # self-attention -----------------------------------------------------------------------
 
 
-@cases_for("self_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy and mnp.softmax")
+@cases_for("self_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy, mnp.softmax and mnp.masked_softmax")
 def self_attention_cases():
     """With and without a batch, with exclude_self, and one token that may attend to nothing."""
     r = rng()

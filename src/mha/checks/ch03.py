@@ -13,7 +13,7 @@ from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mi
 # scaled dot-product attention ---------------------------------------------------------
 
 
-@cases_for("scaled_dot_product_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy, nothing from mha")
+@cases_for("scaled_dot_product_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy and mnp.masked_softmax")
 def sdpa_cases():
     """No mask, a query with nothing to attend to, batch and heads with a causal mask, T = 1."""
     r = rng()
@@ -102,7 +102,7 @@ check_scaled_dot_product_attention = make_check("scaled_dot_product_attention")
 # one head with W_q, W_k, W_v ----------------------------------------------------------
 
 
-@cases_for("head_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy (np.einsum), nothing from mha")
+@cases_for("head_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy (np.einsum) and mnp.masked_softmax")
 def head_attention_cases():
     """Without and with W_v, a batch with a masked row, and cross-attention to a context."""
     r = rng()

@@ -1,8 +1,10 @@
 """Toy inputs and tiny training tasks for the early chapters.
 
-- `sentence_features`: hand-made word vectors for the course's example sentence.
-- `role_vectors`: the words' roles (subject, verb, object, ...) as vectors, for
-  the heads planted by hand in chapters 3 and 4.
+- `sentence_vectors`: the running example of chapters 1 to 6, the words of
+  SENTENCE and the one vector the course gives each of them (`word_vectors`).
+- `role_vectors`: the words' roles (subject, verb, object, ...) as vectors, the
+  noiseless core of `word_vectors`, for the heads planted by hand.
+- `sentence_features`: an older table of hand-made features (no chapter uses it).
 - `add_positions`, `previous_token_batch`: random sequences whose target is each
   token's predecessor, a relation that depends on order and is not symmetric.
 - `train`: a small, seeded training loop (Adam, mean squared error).
@@ -44,8 +46,8 @@ def sentence_features(scale=2.0):
     return list(SENTENCE), X
 
 
-# Chapters 3 and 4: the role each word plays, as if an earlier layer had worked it
-# out. A word has the features listed for it and 0 for the others; "where" and
+# The running example's words and the roles each one plays, as if an earlier layer had
+# worked them out. A word has the features listed for it and 0 for the others; "where" and
 # "is" come from the question that chapter 3 asks of the sentence.
 ROLE_FEATURES = ("person", "subject", "verb", "action",
                  "noun", "place", "object", "function")
@@ -74,6 +76,29 @@ def role_vectors(words):
     if unknown:
         raise ValueError(f"no roles for {unknown}; known words: {', '.join(ROLES)}")
     return np.array([[ROLES[w].get(f, 0.0) for f in ROLE_FEATURES] for w in words])  # (T, d)
+
+
+# The running example of chapters 1 to 6: one fixed vector per word, like a row of a
+# model's embedding table. The roles are doubled, so that attention without parameters
+# (chapter 1) gives weights that are easy to read, and a little seeded noise makes
+# every word different ("to", "at" and "the" share their roles).
+EMBEDDING_SCALE = 2.0  # the roles, doubled
+EMBEDDING_NOISE = 0.1  # the size of the noise, before doubling
+WORD_NOISE = np.random.default_rng(0).standard_normal((len(ROLES), 8))  # a row per word
+
+
+def word_vectors(words):
+    """The course's vector of each word, shape (T, d) = (len(words), 8): EMBEDDING_SCALE
+    times (its roles + EMBEDDING_NOISE * its row of WORD_NOISE). A word gets the same
+    vector wherever it appears."""
+    roles = role_vectors(words)  # (T, d); refuses unknown words
+    noise = WORD_NOISE[[list(ROLES).index(w) for w in words]]  # (T, d): each word's own row
+    return EMBEDDING_SCALE * (roles + EMBEDDING_NOISE * noise)
+
+
+def sentence_vectors():
+    """The running example: the words of SENTENCE and their vectors X, shape (10, 8)."""
+    return list(SENTENCE), word_vectors(SENTENCE)
 
 
 def add_positions(tokens):

@@ -82,6 +82,9 @@ DESKTOP_FACTS = """() => {
         outputs: article.querySelectorAll('div.cell div.cell_output').length,
         links: [...document.querySelectorAll('a[href]')].map(a => a.href),
         download: [...document.querySelectorAll('a.btn-download-source-button')].map(a => a.href),
+        clipped: [...article.querySelectorAll('pre')]
+            .filter(p => p.getBoundingClientRect().width > 0 && p.scrollWidth > p.clientWidth + 1)
+            .map(p => p.textContent.trim().slice(0, 80)),
     };
 }"""
 

@@ -5,6 +5,7 @@ stored outputs; this file checks the other half: what the reader sees.
 """
 
 import re
+import sys
 from html.parser import HTMLParser
 
 import nbformat
@@ -158,3 +159,19 @@ def test_every_literalinclude_names_a_file_and_an_object_that_exist():
         assert source.is_file(), f"{page}: {{literalinclude}} {path}: no such file"
         if pyobject:
             assert defines(source, pyobject), f"{page}: {path} defines no {pyobject}"
+
+
+def test_the_intro_counts_the_exercises_and_their_checks_exactly():
+    """The intro's numbers are those of the chapters: every exercise, the checked Implement ones,
+    and the Predict and Experiment ones graded by hand."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from handout_manifest import chapter_exercises
+
+    exercises = [e for page in toc_files() if (ROOT / f"{page}.ipynb").exists()
+                 for e in chapter_exercises(ROOT / f"{page}.ipynb")]
+    implement = [e for e in exercises if e["kind"] == "Implement"]
+    assert all(e["checks"] for e in implement), "an Implement exercise without a check"
+    intro = " ".join((ROOT / "book" / "intro.md").read_text().split())
+    assert f"exercises, {len(exercises)} in all" in intro
+    assert f"The {len(implement)} Implement exercises each come with an automatic check" in intro
+    assert f"the {len(exercises) - len(implement)} Predict and Experiment exercises" in intro

@@ -5,7 +5,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import mha.torch as mt
-from mha.experiments.counting import attention_multiply_adds, attention_parameters, head_width
+from mha.experiments.counting import (attention_multiply_adds, attention_parameters, block_multiply_adds,
+                                      head_width)
 
 
 def numel(module):
@@ -92,6 +93,40 @@ def test_fused_module_costs_the_same_as_the_loop():
     assert counter.get_total_flops() == 2 * attention_multiply_adds(6, 6, 8, 2).total
 
 
+def test_block_multiply_adds_by_hand():
+    # T=4 tokens, d=6, h=2 heads of width 3, d_ff=10. Projections: 4 products (4, 6) @ (6, 6) = 576.
+    # Feed-forward: (4, 6) @ (6, 10) and (4, 10) @ (10, 6): 240 each. Attention: 2 heads, 16 pairs,
+    # width 3, for the scores and again for the weighted sums: 2 * 2 * 16 * 3 = 192; causal: 10 pairs.
+    full = block_multiply_adds(4, 6, 2, 10)
+    assert (full.projections, full.attention, full.feed_forward, full.total) == (576, 192, 480, 1248)
+    causal = block_multiply_adds(4, 6, 2, 10, causal=True)
+    assert (causal.projections, causal.attention, causal.feed_forward) == (576, 120, 480)
+
+
+@pytest.mark.parametrize("T, d_model, n_heads, d_ff", [(5, 8, 2, 32), (3, 12, 3, 7), (1, 6, 1, 24)])
+def test_block_multiply_adds_match_pytorchs_flop_counter_on_an_encoder_block(T, d_model, n_heads, d_ff):
+    block = mt.EncoderBlock(d_model, n_heads, d_ff, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        block(torch.empty(T, d_model, device="meta"), return_weights=True)
+    assert counter.get_total_flops() == 2 * block_multiply_adds(T, d_model, n_heads, d_ff).total
+
+
+def test_the_block_crossovers_of_chapter_8():
+    """Attention equals everything else at T = 6d in a block with d_ff = 4d; the layer alone at T = 2d;
+    causal attention halves the attention part (T = 12d, to within the diagonal's share)."""
+    d = 512
+    layer = attention_multiply_adds(2 * d, 2 * d, d, 8)
+    assert layer.attention == layer.projections
+    block = block_multiply_adds(6 * d, d, 8, 4 * d)
+    assert block.attention == block.projections + block.feed_forward
+    assert block.feed_forward == 2 * block.projections == 8 * 6 * d * d * d
+    causal = block_multiply_adds(12 * d, d, 8, 4 * d, causal=True)
+    assert causal.attention / (causal.projections + causal.feed_forward) == pytest.approx(1, rel=1e-3)
+    for T in (1, 7, 64):
+        full, half = block_multiply_adds(T, 64, 4, 256), block_multiply_adds(T, 64, 4, 256, causal=True)
+        assert half.attention * 2 * T == full.attention * (T + 1)
+
+
 @pytest.mark.parametrize("call, error, message", [
     (lambda: attention_parameters(10, 3), ValueError, "d_model=10 is not divisible by n_heads=3"),
     (lambda: attention_parameters(8, 0), ValueError, "n_heads must be at least 1"),
@@ -99,6 +134,9 @@ def test_fused_module_costs_the_same_as_the_loop():
     (lambda: attention_parameters(8.0, 2), TypeError, "d_model must be an integer"),
     (lambda: attention_parameters(8, 2, bias=1), TypeError, "bias must be True or False"),
     (lambda: attention_multiply_adds(0, 4, 8, 2), ValueError, "T_q must be at least 1"),
+    (lambda: block_multiply_adds(4, 8, 2, 0), ValueError, "d_ff must be at least 1"),
+    (lambda: block_multiply_adds(4, 8, 2, 32, causal=1), TypeError, "causal must be True or False"),
+    (lambda: block_multiply_adds(0, 8, 2, 32), ValueError, "T must be at least 1"),
 ])
 def test_bad_input_is_named(call, error, message):
     with pytest.raises(error, match=message):

@@ -13,6 +13,7 @@ import torch
 import mha.numpy as mn
 import mha.torch as mt
 from conftest import assert_close
+from mha.experiments.counting import attention_multiply_adds, attention_parameters
 from mha.experiments.heads import (AttentionReadout, SumOfHeadsAttention, TwoRelationTask, head_difference,
                        knock_out_mask, make_heads_identical)
 from mha.experiments.tasks import train
@@ -198,16 +199,25 @@ def test_knock_out_mask_refuses_a_head_that_does_not_exist():
         knock_out_mask(4, 4)
 
 
-def test_wide_heads_learn_the_task_faster_than_narrow_ones(held_out):
+def test_at_an_equal_budget_one_head_fails_and_two_heads_beat_four(held_out):
+    """Chapter 7's fair comparison: layouts with the same h * d_head have the same parameters and
+    multiply-adds; one head fails however wide, two heads learn the partner faster than four."""
     X, Y, _ = held_out
-    final = {}
-    for kind, d_head in (("narrow", None), ("wide", TASK.d_in)):
-        model, _ = trained(n_heads=4, d_head=d_head, steps=250)
+    errors = {}
+    for n_heads, d_head in [(1, 20), (2, 10), (4, 5), (1, 40), (2, 20), (4, 10)]:
+        model, _ = trained(n_heads=n_heads, d_head=d_head, steps=250)
         with torch.no_grad():
-            final[kind] = sum(TASK.part_losses(model(X), Y))
-        heads = sum(p.numel() for p in model.attention.parameters())
-        assert heads == 4 * TASK.d_in * 4 * (d_head or TASK.d_in // 4)
-    assert final["wide"] < final["narrow"]
+            errors[n_heads, d_head] = TASK.part_losses(model(X), Y)
+        budget = n_heads * d_head
+        n_params = attention_parameters(TASK.d_in, n_heads, d_head)
+        assert sum(p.numel() for p in model.attention.parameters()) == n_params == 4 * TASK.d_in * budget
+        cost = attention_multiply_adds(8, 8, TASK.d_in, n_heads, d_head).total
+        assert cost == (4 * 8 * TASK.d_in + 2 * 8 * 8) * budget  # projections, then scores and sums
+    assert min(*errors[1, 20], *errors[1, 40]) > 0.3, "one head cannot fetch two values"
+    assert max(errors[n, w][0] for n, w in errors if n > 1) < 0.02
+    partner = {layout: error[1] for layout, error in errors.items()}
+    assert 1.5 * partner[2, 10] < partner[4, 5] and 1.5 * partner[2, 20] < partner[4, 10]
+    assert partner[2, 20] < partner[2, 10] and partner[4, 10] < partner[4, 5]
 
 
 def test_three_identical_wide_heads_stay_identical_bit_for_bit(threads):

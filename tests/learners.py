@@ -4,7 +4,7 @@
 for `mha.numpy.<name>`, compiled again in a module of the learner's (as if copied into
 a notebook cell), so that it is another function with the same answers. The recorders
 and replays are wrong solutions that remember what an earlier check asked and answered.
-`FROM_SCRATCH` holds right solutions of chapter 10 that share no code with the library.
+`FROM_SCRATCH` holds right solutions of chapter 12 that share no code with the library.
 """
 
 import inspect
@@ -65,7 +65,7 @@ def same_inputs(a, b):
     return type(a) is type(b) and a == b
 
 
-# Chapter 10 from scratch: right solutions that share no code with the library ---------
+# Chapter 12 from scratch: right solutions that share no code with the library ---------
 
 
 def repeat_kv(x, n_rep):

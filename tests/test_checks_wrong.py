@@ -303,7 +303,7 @@ def test_the_wrong_solutions_of_the_issue_get_their_hints(name, fn, hint):
     ("kv_cache_bytes", kv_cache_bytes_keys_only, "the cache holds keys AND values"),
     ("kv_cache_bytes", kv_cache_bytes_float32_default, "2 bytes (float16, bfloat16) by default"),
 ], ids=["tiled heads", "interleaved pairs", "positions from 0", "top-left causal mask", "keys only", "float32"])
-def test_the_wrong_solutions_of_chapter_10_get_their_hints(name, fn, hint):
+def test_the_wrong_solutions_of_chapter_12_get_their_hints(name, fn, hint):
     with pytest.raises(checks.CheckFailed, match=re.escape("hint: ") + ".*" + re.escape(hint)), \
             redirect_stdout(io.StringIO()):
         getattr(checks, f"check_{name}")(fn)

@@ -1,4 +1,4 @@
-"""Fuzzing chapter 10: hypothesis draws grouped-query configurations (batch ranks, group sizes,
+"""Fuzzing chapter 12: hypothesis draws grouped-query configurations (batch ranks, group sizes,
 masks of every rank, causal, RoPE, dtypes, a cache split anywhere) and checks every path against
 one float64 reference; it also draws invalid calls and demands a ValueError or TypeError."""
 

@@ -1,4 +1,4 @@
-"""Chapter 10's library, both faces: repeat_kv, rotary embeddings, grouped-query attention
+"""Chapter 12's library, both faces: repeat_kv, rotary embeddings, grouped-query attention
 and the key-value cache, against independent formulas and against each other.
 (Against Hugging Face's Llama: tests/test_grouped_llama.py.)"""
 

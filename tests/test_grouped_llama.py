@@ -1,4 +1,4 @@
-"""Chapter 10's rung of the equivalence ladder: our grouped-query attention equals Hugging Face's
+"""Chapter 12's rung of the equivalence ladder: our grouped-query attention equals Hugging Face's
 Llama (random weights from a tiny LlamaConfig, nothing downloaded) and PyTorch's own
 `F.scaled_dot_product_attention(..., enable_gqa=True)`."""
 

@@ -4,7 +4,7 @@ loop of heads == fused matrix form == mha.torch.MultiHeadAttention (both paths)
     == torch.nn.MultiheadAttention (weights copied, mask meaning converted)
     == torch.nn.functional.scaled_dot_product_attention
 
-Chapter 10's rung, grouped-query attention with rotary positions and a key-value cache
+Chapter 12's rung, grouped-query attention with rotary positions and a key-value cache
 == Hugging Face's LlamaAttention == F.scaled_dot_product_attention(enable_gqa=True),
 is in tests/test_grouped_llama.py; the NumPy face == the PyTorch face in tests/test_grouped.py.
 """

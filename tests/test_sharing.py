@@ -1,4 +1,4 @@
-"""Chapter 10's claim about sharing keys and values, on chapter 7's two-relation task: with four
+"""Chapter 12's claim about sharing keys and values, on chapter 7's two-relation task: with four
 query heads, two key/value heads cost nothing and one costs the partner's value, on average
 over three random starts (as the chapter trains them)."""
 

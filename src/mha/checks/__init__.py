@@ -18,7 +18,7 @@ The answers are compared with a copy of `mha.numpy` taken when `mha.checks` is
 imported (`mha.checks.reference`), so reassigning `mha.numpy.softmax` changes
 nothing; and a solution that calls the very function it should replace is refused
 (`mha.checks.own_work`). Each chapter's checks live in `mha.checks.ch01` ...
-`mha.checks.ch10`, with their cases and their catalogue of classic mistakes side by
+`mha.checks.ch12`, with their cases and their catalogue of classic mistakes side by
 side; the machinery that registers and runs them is `mha.checks.registry`.
 """
 
@@ -32,7 +32,7 @@ from mha.checks.ch06 import check_encoder_block, check_feed_forward, check_layer
 from mha.checks.ch07 import check_attention_at_offset
 from mha.checks.ch08 import check_chunked_attention
 from mha.checks.ch09 import check_decoder_block
-from mha.checks.ch10 import check_apply_rotary, check_attend_with_cache, check_kv_cache_bytes, check_repeat_kv
+from mha.checks.ch12 import check_apply_rotary, check_attend_with_cache, check_kv_cache_bytes, check_repeat_kv
 from mha.checks.registry import CheckFailed
 
 __all__ = [
@@ -47,5 +47,5 @@ __all__ = [
     "check_attention_at_offset",  # chapter 7
     "check_chunked_attention",  # chapter 8
     "check_decoder_block",  # chapter 9
-    "check_repeat_kv", "check_apply_rotary", "check_attend_with_cache", "check_kv_cache_bytes",  # chapter 10
+    "check_repeat_kv", "check_apply_rotary", "check_attend_with_cache", "check_kv_cache_bytes",  # chapter 12
 ]

@@ -7,7 +7,7 @@
 - `pretrained`: all-MiniLM-L6-v2 loaded into `mha.torch.Encoder`, and hand-labelled
   sentences to find its syntactic heads (chapter 7);
 - `sharing`: what sharing keys and values costs, grouped-query attention trained on
-  chapter 7's two-relation task (chapter 10).
+  chapter 7's two-relation task (chapter 12).
 
 Import them as `from mha.experiments import tasks` or
 `from mha.experiments.heads import AttentionReadout`.

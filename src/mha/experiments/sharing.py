@@ -1,4 +1,4 @@
-"""Chapter 10: what sharing keys and values costs, on chapter 7's two-relation task.
+"""Chapter 12: what sharing keys and values costs, on chapter 7's two-relation task.
 
 - `GroupedReadout`: one grouped-query attention layer (`mha.torch.GroupedQueryAttention`:
   n_heads query heads sharing n_kv_heads key/value heads) and a linear readout, the

@@ -44,7 +44,7 @@ __all__ = [
     "gelu_tanh", "layer_norm", "relu",
     # chunked
     "chunked_attention",
-    # rotary, cache and grouped (chapter 10)
+    # rotary, cache and grouped (chapter 12)
     "rotary_embedding", "apply_rotary", "rotate_half", "KVCache", "kv_cache_bytes", "repeat_kv", "causal_mask_after",
     "attend_with_cache", "grouped_query_attention",
 ]

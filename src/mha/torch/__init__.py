@@ -11,9 +11,9 @@ The modules, each importing only those above it:
                masks) and the attention modules of chapters 2 to 5
     blocks     FeedForward, encoder and decoder blocks and stacks (chapters 6, 9)
     chunked    attention in bounded memory (chapter 8)
-    rotary     rotary position embeddings (RoPE), Llama's "rotate half" convention (chapter 10)
-    cache      the key-value cache of generation (chapter 10)
-    grouped    grouped-query attention with RoPE and the cache, equal to Llama's (chapter 10)
+    rotary     rotary position embeddings (RoPE), Llama's "rotate half" convention (chapter 12)
+    cache      the key-value cache of generation (chapter 12)
+    grouped    grouped-query attention with RoPE and the cache, equal to Llama's (chapter 12)
 Import the face, not the modules: `import mha.torch as mt`.
 """
 
@@ -36,7 +36,7 @@ __all__ = [
     # added with the packages: the feed-forward module, and the helpers other modules build on
     "FeedForward", "masked_softmax_", "with_causal", "check_tensor", "check_mask_tensor", "check_qkv_tensors",
     "linear_weight", "linear_bias", "check_input", "check_x_and_context",
-    # chapter 10: rotary positions, the key-value cache, grouped-query attention
+    # chapter 12: rotary positions, the key-value cache, grouped-query attention
     "rotary_embedding", "apply_rotary", "rotate_half", "KVCache", "kv_cache_bytes", "repeat_kv", "causal_mask_after",
     "attend_with_cache", "GroupedQueryAttention",
 ]

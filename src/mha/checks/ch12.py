@@ -1,4 +1,4 @@
-"""Chapter 10, modern attention: the checks of `repeat_kv`, `apply_rotary`,
+"""Chapter 12, modern attention: the checks of `repeat_kv`, `apply_rotary`,
 `attend_with_cache` and `kv_cache_bytes`, their cases and their catalogued mistakes."""
 
 import numpy as np

@@ -2,6 +2,9 @@
 Llama (random weights from a tiny LlamaConfig, nothing downloaded) and PyTorch's own
 `F.scaled_dot_product_attention(..., enable_gqa=True)`."""
 
+import re
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -122,3 +125,25 @@ def test_from_llama_refuses_what_it_cannot_copy():
     attention.config.rope_parameters = {"rope_type": "llama3", "rope_theta": 10000.0}
     with pytest.raises(ValueError, match="RoPE of type 'llama3'"):
         mt.GroupedQueryAttention.from_llama(attention)
+
+
+@pytest.mark.parametrize("theta,scaling,error", [
+    (10000.0, None, None),
+    (500000.0, None, "rope_theta=500000.0 but rope_base=10000.0"),
+    (10000.0, {"type": "linear", "factor": 2.0}, "RoPE of type 'linear'"),
+    (10000.0, {"rope_type": "llama3", "factor": 8.0}, "RoPE of type 'llama3'"),
+], ids=["default", "other theta", "old-style scaling", "llama3 scaling"])
+def test_from_llama_reads_a_transformers_4_config(theta, scaling, error):
+    """transformers 4 keeps the base in config.rope_theta and the scaling in config.rope_scaling,
+    with no config.rope_parameters: from_llama reads those instead."""
+    attention, rotary = llama_layer(2)
+    x = torch.randn(1, 5, 64)
+    expected = llama_forward(attention, rotary, x)
+    attention.config = types.SimpleNamespace(rope_theta=theta, rope_scaling=scaling)
+    if error is None:
+        with torch.no_grad():
+            got = mt.GroupedQueryAttention.from_llama(attention)(x, causal=True)[0]
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    else:
+        with pytest.raises(ValueError, match=re.escape(error)):
+            mt.GroupedQueryAttention.from_llama(attention)

@@ -79,11 +79,24 @@ def attend_with_cache(q, k, v, past_keys=None, past_values=None, *, causal=False
     return out, None, keys, values
 
 
+def llama_rope_parameters(config):
+    """A Llama config's RoPE settings as {"rope_type", "rope_theta"}: transformers 5 keeps them in
+    `config.rope_parameters`; transformers 4 in `config.rope_theta` and `config.rope_scaling`."""
+    rope = getattr(config, "rope_parameters", None)
+    if rope:
+        return dict(rope)
+    scaling = getattr(config, "rope_scaling", None) or {}
+    rope = {"rope_type": scaling.get("rope_type", scaling.get("type", "default"))}
+    if getattr(config, "rope_theta", None) is not None:
+        rope["rope_theta"] = config.rope_theta
+    return rope
+
+
 def check_llama_rope(config, rope_base):
     """Llama's RoPE must be the one we build: the default kind, with base `rope_base`."""
-    rope = getattr(config, "rope_parameters", None) or {}
-    if rope_base is None or not rope:
+    if rope_base is None or config is None:
         return
+    rope = llama_rope_parameters(config)
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"the Llama config uses RoPE of type {rope['rope_type']!r}, which rescales the "
                          f"frequencies; GroupedQueryAttention builds the default kind only")

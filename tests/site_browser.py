@@ -4,8 +4,11 @@ answer its requests for MathJax from the local copy, and gather what a reader se
 
 import functools
 import io
+import os
 import re
 from pathlib import Path
+
+import pytest
 
 from conftest import CHAPTERS as CHAPTER_PATHS, ROOT
 
@@ -20,6 +23,29 @@ CHAPTERS = [p.stem for p in CHAPTER_PATHS]
 
 
 PAGE_TIMEOUT_MS = 180_000
+
+
+def missing(reason):
+    """Skip for want of a browser, except in CI, where that is a failure."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so the browser test may not skip: run `make test`)")
+    pytest.skip(f"{reason}; `make test` installs it (as root on Debian)")
+
+
+def chromium_browser(needs_mathjax):
+    """Debian's chromium under Playwright (a generator, for a fixture), or a skip saying what is missing."""
+    if not CHROMIUM.exists():
+        missing(f"no {CHROMIUM}")
+    if needs_mathjax and not (MATHJAX / "es5" / "tex-mml-chtml.js").exists():
+        missing(f"MathJax 3 is not in {MATHJAX.relative_to(ROOT)}")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("the playwright package is not installed")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+        yield chromium
+        chromium.close()
 
 
 class Visit:

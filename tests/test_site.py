@@ -19,7 +19,6 @@ they fail.
 import functools
 import http.server
 import json
-import os
 import re
 import threading
 
@@ -27,16 +26,13 @@ import pytest
 import yaml
 
 from conftest import ROOT, toc_files
-from site_browser import CHAPTERS, CHROMIUM, CHROMIUM_FLAGS, MATHJAX, Visit, inspect
+from site_browser import CHAPTERS, Visit, chromium_browser, inspect
+from viewer_browser import drive_viewer
 
 
+# The chapters that show mha.viewer's interactive head viewer in an output.
+VIEWER_CHAPTERS = [c for c in CHAPTERS if "data-mha-viewer" in (ROOT / "book" / f"{c}.ipynb").read_text()]
 PAGES = ["index.html", "search.html", "genindex.html"] + [f"{f}.html" for f in toc_files()]
-
-
-def missing(reason):
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI is set, so the browser test may not skip: run `make test`)")
-    pytest.skip(f"{reason}; `make test` installs it (as root on Debian)")
 
 
 @pytest.fixture(scope="module")
@@ -62,18 +58,7 @@ def server(site):
 
 @pytest.fixture(scope="module")
 def browser():
-    if not CHROMIUM.exists():
-        missing(f"no {CHROMIUM}")
-    if not (MATHJAX / "es5" / "tex-mml-chtml.js").exists():
-        missing(f"MathJax 3 is not in {MATHJAX.relative_to(ROOT)}")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing("the playwright package is not installed")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
-        yield chromium
-        chromium.close()
+    yield from chromium_browser(needs_mathjax=True)
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +169,25 @@ def test_search_finds_softmax(browser, server):
     assert any(f"book/{CHAPTERS[0]}.html" in hit for hit in hits), f"softmax not found in chapter 1: {hits}"
     assert len({h.split("#")[0] for h in hits}) >= 3, f"softmax should be found on several pages: {hits}"
     assert not visit.errors, visit.errors
+
+
+def test_the_head_viewer_is_used_where_the_book_reads_heads():
+    assert "07_why_heads_differ" in VIEWER_CHAPTERS, VIEWER_CHAPTERS
+
+
+@pytest.mark.parametrize("chapter", VIEWER_CHAPTERS)
+def test_head_viewers_work_on_the_static_page_with_the_network_blocked(browser, server, chapter):
+    """Every viewer on the page: choose layers, click heads, point at tokens, and see the right
+    weights, with no kernel and every request outside the site refused."""
+    visit = Visit(browser, server, f"book/{chapter}.html")
+    try:
+        roots = visit.page.locator("[data-mha-viewer]")
+        assert roots.count() >= 1, f"{chapter}: no head viewer on the page"
+        checked = [drive_viewer(visit.page, roots.nth(i)) for i in range(roots.count())]
+    finally:
+        visit.close()
+    assert all(n >= 3 for n in checked), checked
+    assert not visit.errors and not visit.external, (visit.errors, visit.external)
 
 
 @pytest.mark.parametrize("page", PAGES)

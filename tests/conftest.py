@@ -216,7 +216,14 @@ def build_site_once(folder):
 
 @pytest.fixture(scope="session")
 def built_site(tmp_path_factory):
-    """The book built with `jupyter-book build -W -n --keep-going`: (html folder, returncode, log)."""
+    """The book built with `jupyter-book build -W -n --keep-going`: (html folder, returncode, log).
+
+    The folder is $MHA_SITE_FOLDER when set (CI publishes the build that it tested from
+    there: .github/workflows/publish.yml; give it a folder with no earlier build), else a
+    fresh temporary one per run."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    folder = Path(tempfile.gettempdir()) / f"mha-site-{run}" if run else tmp_path_factory.mktemp("site")
+    if os.environ.get("MHA_SITE_FOLDER"):
+        folder = Path(os.environ["MHA_SITE_FOLDER"]).resolve()
+    else:
+        folder = Path(tempfile.gettempdir()) / f"mha-site-{run}" if run else tmp_path_factory.mktemp("site")
     return build_site_once(folder)

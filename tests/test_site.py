@@ -215,18 +215,3 @@ def test_dark_mode_keeps_figures_visible(look, chapter):
         # The figures are drawn dark on white: they stay readable only on a light ground.
         assert mean > 120, f"{chapter}: figure {i + 1} is dark in dark mode (mean grey {mean:.0f}; page {dark['background']})"
         assert spread > 10, f"{chapter}: figure {i + 1} shows no contrast in dark mode (spread {spread:.0f})"
-
-
-def test_publishing_workflow_runs_the_ci_command_and_publishes_this_build():
-    """The GitHub Pages workflow stays equivalent to .ci/run, and publishes what `make book` builds."""
-    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "publish.yml").read_text())
-    build = workflow["jobs"]["test-and-build"]
-    runs = [step.get("run", "") for step in build["steps"]]
-    assert "bash .ci/run" in runs and "make book" in runs and runs.index("bash .ci/run") < runs.index("make book")
-    assert "make test" in (ROOT / ".ci" / "run").read_text()
-    assert re.search(r"^book:.*\n\t.*jupyter-book build \. -W -n", (ROOT / "Makefile").read_text(), re.M)
-    pages = [s for s in build["steps"] if s.get("uses", "").startswith("actions/upload-pages-artifact")]
-    assert pages and pages[0]["with"]["path"] == "_build/html"
-    deploy = workflow["jobs"]["deploy"]
-    assert deploy["needs"] == "test-and-build" and deploy["steps"][0]["uses"].startswith("actions/deploy-pages")
-    assert "pull_request" in deploy["if"], "a pull request must not publish"

@@ -10,6 +10,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# MathJax 3, from npm (the target below)
+MATHJAX := .cache/mathjax/node_modules/mathjax/es5/tex-mml-chtml.js
 export PYTHONHASHSEED := 0
 
 .PHONY: book test clean notebooks handout browser
@@ -19,8 +21,10 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
-book: $(STAMP)
-	$(BIN)/jupyter-book build . -W -n --keep-going
+# `make book OFFLINE=1`: a site that works with no network (MathJax served by the site
+# itself, no thebe: book/_ext/offline_site.py), as the students' site always is.
+book: $(STAMP) $(if $(OFFLINE),$(MATHJAX))
+	MHA_OFFLINE_SITE=$(OFFLINE) $(BIN)/jupyter-book build . -W -n --keep-going
 	@echo "The course is built: open _build/html/index.html"
 
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
@@ -59,7 +63,6 @@ notebooks: $(STAMP)
 # pages load it from a CDN) and drives Debian's chromium. On a machine without
 # them and without root, tests/test_site.py skips with the reason (never in CI).
 CHROMIUM := /usr/bin/chromium
-MATHJAX := .cache/mathjax/node_modules/mathjax/es5/tex-mml-chtml.js
 
 browser: $(MATHJAX)
 	@if [ ! -x $(CHROMIUM) ]; then \
@@ -77,7 +80,7 @@ $(MATHJAX):
 	else echo "no npm: the browser test will skip"; fi
 
 # For instructors: student notebooks (solutions removed), answer key, student website.
-handout: $(STAMP)
+handout: $(STAMP) $(MATHJAX)
 	$(BIN)/python tools/make_handout.py _handout
 	$(BIN)/python tools/nbgrader_source.py _handout
 

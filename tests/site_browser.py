@@ -3,9 +3,11 @@ answer its requests for MathJax from the local copy, and gather what a reader se
 """
 
 import functools
+import http.server
 import io
 import os
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -48,10 +50,27 @@ def chromium_browser(needs_mathjax):
         chromium.close()
 
 
-class Visit:
-    """One page opened in a fresh browser context, with everything that went wrong recorded."""
+def serve(folder):
+    """Serve `folder` on 127.0.0.1 (a generator, for a fixture): yields the base URL."""
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
 
-    def __init__(self, browser, base, page, viewport=DESKTOP, color_scheme="light"):
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_port}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+class Visit:
+    """One page opened in a fresh browser context, with everything that went wrong recorded.
+
+    Requests outside the site are refused and recorded in `external`, except MathJax's CDN,
+    which is answered from the local npm copy unless `offline` (a site that must work alone)."""
+
+    def __init__(self, browser, base, page, viewport=DESKTOP, color_scheme="light", offline=False):
+        self.offline = offline
         self.errors, self.external, self.failed = [], [], []
         self.context = browser.new_context(viewport=viewport, color_scheme=color_scheme)
         # Generous: under `pytest -n 2` the other worker keeps both cores busy, and a long
@@ -74,7 +93,7 @@ class Visit:
         if url.startswith(base):
             return route.continue_()
         match = MATHJAX_CDN.match(url)
-        if match and (MATHJAX / match["path"]).is_file():
+        if match and not self.offline and (MATHJAX / match["path"]).is_file():
             return route.fulfill(path=str(MATHJAX / match["path"]))
         self.external.append(url)
         return route.abort()

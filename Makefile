@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 MATHJAX := .cache/mathjax/node_modules/mathjax/es5/tex-mml-chtml.js
 export PYTHONHASHSEED := 0
 
-.PHONY: book test clean notebooks handout browser
+.PHONY: book test clean notebooks handout browser pdf
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -78,6 +78,12 @@ $(MATHJAX):
 	@if command -v npm >/dev/null; then \
 	  npm install --prefix .cache/mathjax --no-audit --no-fund --loglevel=error mathjax@3.2.2; \
 	else echo "no npm: the browser test will skip"; fi
+
+# The whole book as one PDF, _build/pdf/book.pdf: the site built offline (MathJax served
+# locally), printed page by page by Debian's chromium and joined with bookmarks
+# (tools/make_pdf.py says why this route). Installs chromium and MathJax as `make test` does.
+pdf: $(STAMP) browser
+	$(BIN)/python tools/make_pdf.py
 
 # For instructors: student notebooks (solutions removed), answer key, student website.
 handout: $(STAMP) $(MATHJAX)

@@ -26,6 +26,8 @@ NUMPY_NAMES = [
     "encoder", "encoder_block", "feed_forward", "gelu", "layer_norm", "relu", "chunked_attention",
     "repeat_kv", "rotary_embedding", "apply_rotary", "grouped_query_attention", "KVCache", "kv_cache_bytes",
     "attend_with_cache", "causal_mask_after",
+    "sinusoidal_positions", "sinusoidal_shift", "add_positions", "alibi_slopes", "alibi_bias",
+    "decoder_only_transformer", "log_softmax", "cross_entropy", "causal_lm_loss", "warmup_factor", "generate_greedy",
 ]
 TORCH_NAMES = [
     "scaled_dot_product_attention", "chunked_attention", "split_heads", "merge_heads", "causal_mask",
@@ -33,6 +35,8 @@ TORCH_NAMES = [
     "MultiHeadAttention", "EncoderBlock", "Encoder", "DecoderBlock", "Decoder", "layer_norm", "FeedForward",
     "repeat_kv", "rotary_embedding", "apply_rotary", "GroupedQueryAttention", "KVCache", "kv_cache_bytes",
     "attend_with_cache", "causal_mask_after",
+    "sinusoidal_positions", "add_positions", "alibi_slopes", "alibi_bias", "LearnedPositions", "SinusoidalPositions",
+    "DecoderOnlyTransformer", "cross_entropy", "causal_lm_loss", "warmup_factor", "warmup_schedule", "generate_greedy",
 ]
 
 

@@ -198,3 +198,29 @@ def check_group_sizes(n_heads, n_kv_heads):
                          f"must serve the same number of query heads")
     return n_heads // n_kv_heads
 
+
+
+def check_bias(bias_shape, scores_shape):
+    """An additive bias on the scores (ALiBi's) must broadcast to their shape without growing it."""
+    bias_shape, scores_shape = tuple(bias_shape), tuple(scores_shape)
+    fits = len(bias_shape) <= len(scores_shape) and all(
+        b in (1, s) for b, s in zip(reversed(bias_shape), reversed(scores_shape)))
+    if not fits:
+        raise ValueError(f"bias has shape {shape_str(bias_shape)} but scores have shape "
+                         f"{shape_str(scores_shape)}; a bias must broadcast to (..., T_q, T_k) "
+                         f"of the scores (with heads: (..., h, T_q, T_k))")
+
+
+def check_position_table(table_shape, T, d, offset):
+    """A (max_len, d) position table that holds positions offset .. offset + T - 1 of a
+    sequence of width d."""
+    if len(table_shape) != 2:
+        raise ValueError(f"the position table must have shape (max_len, d), got shape {shape_str(table_shape)}")
+    offset = check_int("offset", offset, minimum=0)
+    max_len, width = table_shape
+    if width != d:
+        raise ValueError(f"the position table has width {width} but X has width d={d}: "
+                         f"a table of shape (max_len, d) is added to X")
+    if offset + T > max_len:
+        raise ValueError(f"sequence of T={T} at offset {offset} needs positions up to {offset + T - 1}, "
+                         f"but the position table holds only max_len={max_len} positions")

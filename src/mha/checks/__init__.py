@@ -32,6 +32,8 @@ from mha.checks.ch06 import check_encoder_block, check_feed_forward, check_layer
 from mha.checks.ch07 import check_attention_at_offset
 from mha.checks.ch08 import check_chunked_attention
 from mha.checks.ch09 import check_decoder_block
+from mha.checks.ch10 import check_alibi_bias, check_sinusoidal_positions
+from mha.checks.ch11 import check_causal_lm_loss, check_generate_greedy
 from mha.checks.ch12 import check_apply_rotary, check_attend_with_cache, check_kv_cache_bytes, check_repeat_kv
 from mha.checks.registry import CheckFailed
 
@@ -47,5 +49,7 @@ __all__ = [
     "check_attention_at_offset",  # chapter 7
     "check_chunked_attention",  # chapter 8
     "check_decoder_block",  # chapter 9
+    "check_sinusoidal_positions", "check_alibi_bias",  # chapter 10
+    "check_causal_lm_loss", "check_generate_greedy",  # chapter 11
     "check_repeat_kv", "check_apply_rotary", "check_attend_with_cache", "check_kv_cache_bytes",  # chapter 12
 ]

@@ -8,6 +8,10 @@
   sentences to find its syntactic heads (chapter 7);
 - `sharing`: what sharing keys and values costs, grouped-query attention trained on
   chapter 7's two-relation task (chapter 12).
+- `positions`: a task where order decides (the last assignment wins), and one small model
+  per way of adding positions, trained and tested at other lengths (chapter 10).
+- `induction`: repeated segments of letters, a small decoder-only Transformer trained on them,
+  and the scores, knock-outs and shipped weights that find its induction heads (chapter 11).
 
 Import them as `from mha.experiments import tasks` or
 `from mha.experiments.heads import AttentionReadout`.

@@ -13,6 +13,8 @@ The modules, each importing only those above it:
     rotary     rotary position embeddings (RoPE), Llama's "rotate half" convention
     cache      the key-value cache of generation
     grouped    grouped-query attention (shared key/value heads), with RoPE and the cache
+    positions  positions added to tokens (learned, sinusoidal) or to the scores (ALiBi)
+    model      a decoder-only Transformer (a small GPT), its loss, warm-up and greedy generation
 Import the face, not the modules: `import mha.numpy as mnp`.
 """
 
@@ -30,7 +32,13 @@ from mha.numpy.blocks import (
 from mha.numpy.cache import KVCache, kv_cache_bytes
 from mha.numpy.chunked import chunked_attention
 from mha.numpy.grouped import attend_with_cache, causal_mask_after, grouped_query_attention, repeat_kv
+from mha.numpy.model import (
+    causal_lm_loss, cross_entropy, decoder_only_transformer, generate_greedy, log_softmax, warmup_factor,
+)
 from mha.numpy.rotary import apply_rotary, rotary_embedding, rotate_half
+from mha.numpy.positions import (
+    add_positions, alibi_bias, alibi_slopes, sinusoidal_frequencies, sinusoidal_positions, sinusoidal_shift,
+)
 
 __all__ = [
     # attention
@@ -47,4 +55,9 @@ __all__ = [
     # rotary, cache and grouped (chapter 12)
     "rotary_embedding", "apply_rotary", "rotate_half", "KVCache", "kv_cache_bytes", "repeat_kv", "causal_mask_after",
     "attend_with_cache", "grouped_query_attention",
+    # positions (chapter 10)
+    "sinusoidal_positions", "sinusoidal_frequencies", "sinusoidal_shift", "add_positions", "alibi_slopes",
+    "alibi_bias",
+    # model (chapter 11)
+    "decoder_only_transformer", "log_softmax", "cross_entropy", "causal_lm_loss", "warmup_factor", "generate_greedy",
 ]

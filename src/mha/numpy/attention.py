@@ -147,18 +147,31 @@ def symmetric_attention(X, W):
     return weights @ X, weights
 
 
-def scaled_dot_product_attention(Q, K, V, mask=None):
-    """softmax(Q K^T / sqrt(d_k)) V, with an optional boolean mask.
+def as_bias(bias, scores_shape):
+    """`bias` (or None) as a floating-point array that broadcasts to `scores_shape`."""
+    if bias is None:
+        return None
+    bias = as_float_array("bias", bias)
+    validate.check_bias(bias.shape, scores_shape)
+    return bias
+
+
+def scaled_dot_product_attention(Q, K, V, mask=None, *, bias=None):
+    """softmax(Q K^T / sqrt(d_k) + bias) V, with an optional boolean mask.
 
     Q: (..., T_q, d_k), K: (..., T_k, d_k), V: (..., T_k, d_v).
+    bias: an additive term on the scores (e.g. ALiBi's), broadcasting to (..., T_q, T_k).
     Returns out (..., T_q, d_v) and weights (..., T_q, T_k).
     """
     Q, K, V = (as_float_array(n, a) for n, a in (("Q", Q), ("K", K), ("V", V)))
     batch = validate.check_qkv(Q, K, V)
     mask = as_mask(mask, (*batch, Q.shape[-2], K.shape[-2]))  # the scores' shape
+    bias = as_bias(bias, (*batch, Q.shape[-2], K.shape[-2]))
     dtype = np.result_type(Q, K, V)
     Q, K, V = (at_least_float32(a) for a in (Q, K, V))  # float16 is computed in float32
     scores = (Q / math.sqrt(Q.shape[-1])) @ transpose(K)  # (..., T_q, T_k); scaling Q is cheaper
+    if bias is not None:
+        scores += bias  # in place, in the scores' dtype
     weights = masked_softmax_(scores, mask)  # scores is ours: softmax it in place
     return (weights @ V).astype(dtype, copy=False), weights.astype(dtype, copy=False)
 
@@ -252,12 +265,12 @@ def project(name, x, W, b, input_name):
 
 
 def multihead_attention(X, W_q, W_k, W_v, W_o, n_heads, *, context=None, mask=None,
-                        b_q=None, b_k=None, b_v=None, b_o=None):
+                        b_q=None, b_k=None, b_v=None, b_o=None, bias=None):
     """All heads at once: one projection each for Q, K, V, split, attend, merge, W_o.
 
     X: (..., T_q, d), W_q/W_k/W_v: (d, d_model), W_o: (d_model, d_out).
-    Head i uses column block i of W_q, W_k and W_v. Returns out (..., T_q, d_out)
-    and weights (..., h, T_q, T_k).
+    Head i uses column block i of W_q, W_k and W_v; `bias` (e.g. ALiBi's, (h, T_q, T_k))
+    is added to the scores. Returns out (..., T_q, d_out) and weights (..., h, T_q, T_k).
     """
     X, source = sequences(X, context)
     W_q, W_k = matrix("W_q", W_q, X.shape[-1], "X"), matrix("W_k", W_k, source.shape[-1], "context")
@@ -268,7 +281,7 @@ def multihead_attention(X, W_q, W_k, W_v, W_o, n_heads, *, context=None, mask=No
     validate.check_divisible(Q.shape[-1], n_heads)
     validate.check_divisible(V.shape[-1], n_heads, "the values' width d_v")
     Q, K, V = (split_heads(a, n_heads) for a in (Q, K, V))  # (..., h, T, d_head)
-    out, weights = scaled_dot_product_attention(Q, K, V, mask)  # (..., h, T_q, d_head)
+    out, weights = scaled_dot_product_attention(Q, K, V, mask, bias=bias)  # (..., h, T_q, d_head)
     return project("W_o", merge_heads(out), W_o, b_o, "the merged heads"), weights
 
 

@@ -14,6 +14,8 @@ The modules, each importing only those above it:
     rotary     rotary position embeddings (RoPE), Llama's "rotate half" convention (chapter 12)
     cache      the key-value cache of generation (chapter 12)
     grouped    grouped-query attention with RoPE and the cache, equal to Llama's (chapter 12)
+    positions  LearnedPositions, SinusoidalPositions and ALiBi's bias (chapter 10)
+    model      DecoderOnlyTransformer (a small GPT), its loss, warm-up and greedy generation (chapter 11)
 Import the face, not the modules: `import mha.torch as mt`.
 """
 
@@ -26,7 +28,13 @@ from mha.torch.blocks import Decoder, DecoderBlock, Encoder, EncoderBlock, FeedF
 from mha.torch.cache import KVCache, kv_cache_bytes
 from mha.torch.chunked import chunked_attention
 from mha.torch.grouped import GroupedQueryAttention, attend_with_cache, causal_mask_after, repeat_kv
+from mha.torch.model import (
+    DecoderOnlyTransformer, causal_lm_loss, cross_entropy, generate_greedy, warmup_factor, warmup_schedule,
+)
 from mha.torch.rotary import apply_rotary, rotary_embedding, rotate_half
+from mha.torch.positions import (
+    LearnedPositions, SinusoidalPositions, add_positions, alibi_bias, alibi_slopes, sinusoidal_positions,
+)
 from mha.torch.tensors import check_input, check_mask_tensor, check_qkv_tensors, check_tensor, check_x_and_context
 
 __all__ = [
@@ -39,4 +47,9 @@ __all__ = [
     # chapter 12: rotary positions, the key-value cache, grouped-query attention
     "rotary_embedding", "apply_rotary", "rotate_half", "KVCache", "kv_cache_bytes", "repeat_kv", "causal_mask_after",
     "attend_with_cache", "GroupedQueryAttention",
+    # positions (chapter 10)
+    "sinusoidal_positions", "add_positions", "alibi_slopes", "alibi_bias", "LearnedPositions",
+    "SinusoidalPositions",
+    # chapter 11: a decoder-only Transformer
+    "DecoderOnlyTransformer", "cross_entropy", "causal_lm_loss", "warmup_factor", "warmup_schedule", "generate_greedy",
 ]

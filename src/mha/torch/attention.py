@@ -50,19 +50,40 @@ def masked_softmax_(scores, mask=None):
     return scores if mask is None else scores.mul_(has_any)
 
 
-def scaled_dot_product_attention(Q, K, V, mask=None, dropout=0.0):
-    """The explicit form: softmax(Q K^T / sqrt(d_k)) V, returning (out, weights).
+def check_bias_tensor(bias, scores_shape, like):
+    """An additive score bias: a floating tensor on `like`'s device that broadcasts to `scores_shape`."""
+    check_is_tensor("bias", bias)
+    if not bias.is_floating_point():
+        raise TypeError(f"bias must be a floating-point tensor, got dtype {bias.dtype}")
+    validate.check_bias(bias.shape, scores_shape)
+    if bias.device != like.device:
+        raise ValueError(f"bias is on {bias.device}, the input on {like.device}: make it with device=x.device")
 
-    Q: (..., T_q, d_k), K: (..., T_k, d_k), V: (..., T_k, d_v).
-    Returns out (..., T_q, d_v) and weights (..., T_q, T_k) (before dropout).
+
+def additive_mask(bias, mask, dtype):
+    """`bias`, and -inf where `mask` is False: one float mask, as F.scaled_dot_product_attention takes."""
+    bias = bias.to(dtype)
+    return bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+
+
+def scaled_dot_product_attention(Q, K, V, mask=None, dropout=0.0, *, bias=None):
+    """The explicit form: softmax(Q K^T / sqrt(d_k) + bias) V, returning (out, weights).
+
+    Q: (..., T_q, d_k), K: (..., T_k, d_k), V: (..., T_k, d_v); `bias` (e.g. ALiBi's)
+    broadcasts to (..., T_q, T_k). Returns out (..., T_q, d_v) and weights
+    (..., T_q, T_k) (before dropout).
     """
     batch = check_qkv_tensors(Q, K, V)
     if mask is not None:
         check_mask_tensor(mask, (*batch, Q.shape[-2], K.shape[-2]), like=Q)  # the scores' shape
+    if bias is not None:
+        check_bias_tensor(bias, (*batch, Q.shape[-2], K.shape[-2]), like=Q)
     dtype = Q.dtype
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype  # half: computed in float32
     Q, K, V = (a.to(work).contiguous() for a in (Q, K, V))  # split heads are views: copy once, here
     scores = (Q / math.sqrt(Q.shape[-1])) @ K.transpose(-2, -1)  # (..., T_q, T_k); scaling Q is cheaper
+    if bias is not None:
+        scores = scores + bias.to(work)  # (..., T_q, T_k)
     weights = masked_softmax_(scores, mask) if can_overwrite(scores) else masked_softmax(scores, mask)
     out = (F.dropout(weights, dropout) if dropout else weights) @ V  # (..., T_q, d_v)
     return out.to(dtype), weights.to(dtype)
@@ -214,11 +235,12 @@ class MultiHeadAttentionLoop(nn.Module):
 class MultiHeadAttention(nn.Module):
     """Chapter 5: all heads in one projection each for Q, K, V, split logically.
 
-    forward(x, context=None, mask=None, return_weights=False, *, causal=False) takes
-    PyTorch's fused kernel when weights are not asked for and the explicit form when
+    forward(x, context=None, mask=None, return_weights=False, *, causal=False, bias=None)
+    takes PyTorch's fused kernel when weights are not asked for and the explicit form when
     they are. causal=True lets query i attend to keys 0..i only (on top of `mask`,
     if any); without a mask it takes the kernel's own causal path, which never
-    builds the mask and skips the blocked half of the scores.
+    builds the mask and skips the blocked half of the scores. `bias` (e.g. ALiBi's,
+    (h, T_q, T_k)) is added to the scores; the kernel gets it as a float mask.
     """
 
     def __init__(self, d_model, n_heads, *, bias=True, dropout=0.0, device=None, dtype=None):
@@ -233,23 +255,26 @@ class MultiHeadAttention(nn.Module):
         self.W_v = nn.Linear(d_model, d_model, **options)
         self.W_o = nn.Linear(d_model, d_model, **options)
 
-    def forward(self, x, context=None, mask=None, return_weights=False, *, causal=False):
+    def forward(self, x, context=None, mask=None, return_weights=False, *, causal=False, bias=None):
         source, batch = check_x_and_context(self, x, context, self.d_model)
         if mask is not None:
             check_mask_tensor(mask, (*batch, self.n_heads, x.shape[-2], source.shape[-2]), like=x)
             mask = at_least_2d(mask)  # (1, 1) or (1, T_k) for a 0-D or 1-D mask
+        if bias is not None:
+            check_bias_tensor(bias, (*batch, self.n_heads, x.shape[-2], source.shape[-2]), like=x)
         q = split_heads(self.W_q(x), self.n_heads)  # (..., h, T_q, d_head)
         k = split_heads(self.W_k(source), self.n_heads)  # (..., h, T_k, d_head)
         v = split_heads(self.W_v(source), self.n_heads)  # (..., h, T_k, d_head)
         dropout = self.dropout if self.training else 0.0
         explicit = return_weights or any(map(under_transform, (q, k, v)))  # fused kernels: no forward AD
-        if causal and (explicit or mask is not None):  # the explicit form needs the mask itself
+        if causal and (explicit or mask is not None or bias is not None):  # these need the mask itself
             mask = with_causal(mask, q.shape[-2], k.shape[-2], x.device)
             causal = False
         if explicit:
-            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout)
+            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout, bias=bias)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+            attn_mask = mask if bias is None else at_least_2d(additive_mask(bias, mask, q.dtype))
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=causal)
         out = self.W_o(merge_heads(out))  # (..., T_q, d_model)
         return (out, weights) if return_weights else out
 

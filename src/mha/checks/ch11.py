@@ -1,0 +1,246 @@
+"""Chapter 11, training a Transformer: the checks of `causal_lm_loss` and `generate_greedy`, their cases
+and their catalogued mistakes."""
+
+import numpy as np
+
+from mha.checks.inputs import batch, normal, rng, sizes
+from mha.checks.reference import NUMPY as mn
+from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
+
+# causal_lm_loss: the logits at position t scored against token t + 1 --------------------------
+
+
+@cases_for("causal_lm_loss", may_use="NumPy (np.exp, np.log, np.take_along_axis)")
+def causal_lm_loss_cases():
+    """One sequence, a batch, the shortest sequence (T = 2), and a model so sure of the wrong tokens
+    that the right ones get probabilities below the smallest float64 (exp(-800) is 0)."""
+    r = rng()
+
+    def case(label, shape, V):
+        return Case(label, (2 * r.standard_normal(shape + (V,)), r.integers(0, V, size=shape)))
+
+    logits, tokens = 2 * r.standard_normal((2, 5, 6)), r.integers(0, 6, size=(2, 5))
+    logits[0, np.arange(4), tokens[0, 1:]] -= 800.0  # the right token is very unlikely: exp(-800) underflows to 0
+    return [
+        case("one sequence of 6 tokens, a vocabulary of 5", (6,), 5),
+        case("a batch of 3 sequences of 5 tokens, a vocabulary of 7", (3, 5), 7),
+        case("T = 2: a single prediction per sequence", (4, 2), 3),
+        Case("a confidently wrong model: the right tokens' logits 800 below the others", (logits, tokens)),
+    ]
+
+
+@random_cases_for("causal_lm_loss")
+def causal_lm_loss_random_cases(r):
+    """A 3-D batch of sequences, float32 logits with int32 tokens, and logits of every scale."""
+    (T, V), b = sizes(r, 2, 2, 8), batch(r, 2)
+    return [
+        Case("random: a batch of batches", (normal(r, b + (T, V + 1), scale=3.0), r.integers(0, V + 1, size=b + (T,)))),
+        Case("random: float32 logits, int32 tokens", (normal(r, (b[0], T, V), np.float32),
+                                                     r.integers(0, V, size=(b[0], T)).astype(np.int32))),
+        Case("random: large logits", (normal(r, (T + 1, V + 2), scale=500.0), r.integers(0, V + 2, size=T + 1))),
+    ]
+
+
+def _lm_loss(logits, tokens, *, wrong):
+    """causal_lm_loss with one step done `wrong`."""
+    logits, tokens = np.asarray(logits, dtype=float), np.asarray(tokens)
+    if wrong == "no_shift":
+        logits_used, targets = logits, tokens
+    elif wrong == "backwards":
+        logits_used, targets = logits[..., 1:, :], tokens[..., :-1]
+    elif wrong == "roll":
+        logits_used, targets = logits, np.roll(tokens, -1, axis=-1)
+    else:
+        logits_used, targets = logits[..., :-1, :], tokens[..., 1:]
+    if wrong == "log_of_logits":
+        log_p = np.log(logits_used)
+    elif wrong == "positions_axis":
+        log_p = mn.log_softmax(logits_used, axis=-2)
+    elif wrong == "naive_softmax":
+        e = np.exp(logits_used)
+        log_p = np.log(e / e.sum(axis=-1, keepdims=True))
+    else:
+        log_p = mn.log_softmax(logits_used)
+    picked = np.take_along_axis(log_p, targets[..., None], axis=-1)[..., 0]  # (..., T - 1)
+    if wrong == "sum_over_positions":
+        return -picked.sum(axis=-1).mean()
+    return picked.mean() if wrong == "no_minus" else -picked.mean()
+
+
+@mistake("causal_lm_loss", "shift the targets: the logits at position t predict token t + 1, so compare "
+         "logits[..., :-1, :] with tokens[..., 1:]; without the shift each position predicts its own token")
+def lm_loss_without_shift(logits, tokens):
+    return _lm_loss(logits, tokens, wrong="no_shift")
+
+
+@mistake("causal_lm_loss", "the shift goes the other way: position t predicts the NEXT token, so drop the "
+         "last position's logits (logits[..., :-1, :]) and the first token (tokens[..., 1:])")
+def lm_loss_shifted_backwards(logits, tokens):
+    return _lm_loss(logits, tokens, wrong="backwards")
+
+
+@mistake("causal_lm_loss", "the last position has no next token: drop it, rather than wrapping around to "
+         "the first token as np.roll does")
+def lm_loss_rolled(logits, tokens):
+    return _lm_loss(logits, tokens, wrong="roll")
+
+
+@mistake("causal_lm_loss", "logits are not probabilities: take the log-softmax, x - max - log(sum(exp(x - max))) "
+         "along the vocabulary, not the log of the logits themselves")
+def lm_loss_log_of_logits(logits, tokens):
+    return _lm_loss(logits, tokens, wrong="log_of_logits")
+
+
+@mistake("causal_lm_loss", "normalise over the vocabulary, the last axis of the logits (..., T, V): a softmax "
+         "over axis -2 compares positions instead of tokens")
+def lm_loss_softmax_over_positions(logits, tokens):
+    return _lm_loss(logits, tokens, wrong="positions_axis")
+
+
+@mistake("causal_lm_loss", "log(softmax) computed as exp, divide, then log fails for very unlikely tokens "
+         "(exp(-800) is 0, log(0) is -inf) and overflows for large logits: compute the log-softmax directly, "
+         "x - max - log(sum(exp(x - max)))")
+def lm_loss_naive_softmax(logits, tokens):
+    return _lm_loss(logits, tokens, wrong="naive_softmax")
+
+
+@mistake("causal_lm_loss", "average over every prediction, sequences and positions alike, as "
+         "F.cross_entropy does: summing over the positions makes the loss grow with T")
+def lm_loss_summed_over_positions(logits, tokens):
+    return _lm_loss(logits, tokens, wrong="sum_over_positions")
+
+
+@mistake("causal_lm_loss", "the loss is the NEGATIVE log-probability of the right token: it is >= 0, and "
+         "smaller is better")
+def lm_loss_without_minus(logits, tokens):
+    return _lm_loss(logits, tokens, wrong="no_minus")
+
+
+check_causal_lm_loss = make_check("causal_lm_loss")
+
+# generate_greedy: the generation loop --------------------------------------------------------
+
+
+class ToyLanguageModel:
+    """A stand-in for a language model: tokens (..., T) -> logits (..., T, V). The logits at position t
+    depend on every token up to t and on its position in the context it is given, through a fixed random
+    table, so that a loop that feeds too little (or too much, or the wrong) context gets other answers.
+    Any integer id is taken (ids are read modulo V), so that a wrong loop gets a wrong answer, not a crash."""
+
+    def __init__(self, r, vocab_size):
+        self.vocab_size = vocab_size
+        self.table = r.standard_normal((vocab_size, vocab_size))  # row h: the logits after context summary h
+
+    def __call__(self, tokens):
+        tokens = np.asarray(tokens)
+        if tokens.dtype == bool or not np.issubdtype(tokens.dtype, np.integer):
+            raise TypeError(f"the model takes integer token ids, got dtype {tokens.dtype}")
+        weighted = tokens * (np.arange(tokens.shape[-1]) + 2)  # (..., T): token s counts s + 2 times
+        summary = np.cumsum(weighted, axis=-1) % self.vocab_size  # (..., T): depends on tokens 0 .. t
+        return self.table[summary]  # (..., T, V)
+
+    def __eq__(self, other):  # the same model: the same table (a copy of a case's model equals it)
+        return isinstance(other, ToyLanguageModel) and np.array_equal(self.table, other.table)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"a toy model over {self.vocab_size} tokens"
+
+
+@cases_for("generate_greedy", may_use="NumPy and a Python loop")
+def generate_greedy_cases():
+    """One prompt, a batch of prompts, a context window shorter than the text, no new token, a prompt of one token."""
+    r = rng()
+    V = 11
+    model = ToyLanguageModel(r, V)
+    return [
+        Case("one prompt of 4 tokens, 5 new tokens", (model, r.integers(0, V, size=4), 5)),
+        Case("a batch of 2 prompts of 4 tokens, 6 new tokens", (model, r.integers(0, V, size=(2, 4)), 6)),
+        Case("max_len=4: the model sees only the last 4 tokens", (model, r.integers(0, V, size=(2, 3)), 6),
+             {"max_len": 4}),
+        Case("n_new = 0: the prompt, unchanged", (model, r.integers(0, V, size=(2, 3)), 0)),
+        Case("a prompt of a single token", (model, r.integers(0, V, size=(3, 1)), 4)),
+    ]
+
+
+@random_cases_for("generate_greedy")
+def generate_greedy_random_cases(r):
+    """A 2-D batch of prompts with a context window, int32 prompts, and one long generation."""
+    (T_0, n_new), b, V = sizes(r, 2, 1, 5), batch(r, 2), int(r.integers(4, 12))
+    model = ToyLanguageModel(r, V)
+    return [
+        Case("random: a batch of batches, a context window", (model, r.integers(0, V, size=b + (T_0,)), n_new + 2),
+             {"max_len": int(r.integers(1, T_0 + 2))}),
+        Case("random: int32 prompts", (model, r.integers(0, V, size=(b[0], T_0)).astype(np.int32), n_new)),
+        Case("random: one prompt, 12 new tokens", (model, r.integers(0, V, size=T_0), 12)),
+    ]
+
+
+def _generate(logits_fn, prompt, n_new, *, max_len=None, wrong):
+    """generate_greedy with one step done `wrong`."""
+    tokens = np.asarray(prompt)
+    for _ in range(n_new + (wrong == "one_more")):
+        context = tokens if max_len is None or wrong == "no_crop" else (
+            tokens[..., :max_len] if wrong == "first_window" else tokens[..., -max_len:])
+        if wrong == "last_token_only":
+            context = tokens[..., -1:]
+        elif wrong == "prompt_only":
+            context = np.asarray(prompt) if max_len is None else np.asarray(prompt)[..., -max_len:]
+        logits = logits_fn(context)  # (..., T, V)
+        if wrong == "positions_axis":
+            next_token = logits.argmax(axis=-2)[..., -1]
+        else:
+            next_token = logits[..., 0 if wrong == "first_position" else -1, :].argmax(axis=-1)
+        tokens = np.concatenate([tokens, next_token[..., None]], axis=-1)
+    return tokens[..., np.shape(prompt)[-1]:] if wrong == "without_prompt" else tokens
+
+
+@mistake("generate_greedy", "feed the whole context, not only the last token: the next token depends on "
+         "everything before it (a model of one token has no memory)")
+def generate_from_the_last_token_only(logits_fn, prompt, n_new, *, max_len=None):
+    return _generate(logits_fn, prompt, n_new, max_len=max_len, wrong="last_token_only")
+
+
+@mistake("generate_greedy", "append each new token and feed the grown sequence at the next step: feeding the "
+         "prompt every time predicts the same token again and again")
+def generate_from_the_prompt_only(logits_fn, prompt, n_new, *, max_len=None):
+    return _generate(logits_fn, prompt, n_new, max_len=max_len, wrong="prompt_only")
+
+
+@mistake("generate_greedy", "take the argmax over the vocabulary, the last axis of the logits (..., T, V): "
+         "axis -2 runs over positions")
+def generate_argmax_over_positions(logits_fn, prompt, n_new, *, max_len=None):
+    return _generate(logits_fn, prompt, n_new, max_len=max_len, wrong="positions_axis")
+
+
+@mistake("generate_greedy", "the LAST position's logits predict the next token (logits[..., -1, :]); "
+         "position 0 predicts the second token of the context")
+def generate_from_the_first_position(logits_fn, prompt, n_new, *, max_len=None):
+    return _generate(logits_fn, prompt, n_new, max_len=max_len, wrong="first_position")
+
+
+@mistake("generate_greedy", "return the prompt followed by the new tokens, (..., T_0 + n_new), as the "
+         "library does")
+def generate_without_the_prompt(logits_fn, prompt, n_new, *, max_len=None):
+    return _generate(logits_fn, prompt, n_new, max_len=max_len, wrong="without_prompt")
+
+
+@mistake("generate_greedy", "with max_len, feed only the last max_len tokens (tokens[..., -max_len:]): the model "
+         "has no positions beyond its window")
+def generate_without_the_window(logits_fn, prompt, n_new, *, max_len=None):
+    return _generate(logits_fn, prompt, n_new, max_len=max_len, wrong="no_crop")
+
+
+@mistake("generate_greedy", "the window slides: keep the LAST max_len tokens (tokens[..., -max_len:]), "
+         "the newest ones, not the first max_len")
+def generate_from_the_first_window(logits_fn, prompt, n_new, *, max_len=None):
+    return _generate(logits_fn, prompt, n_new, max_len=max_len, wrong="first_window")
+
+
+@mistake("generate_greedy", "generate exactly n_new tokens: loop n_new times, one token per turn")
+def generate_one_token_too_many(logits_fn, prompt, n_new, *, max_len=None):
+    return _generate(logits_fn, prompt, n_new, max_len=max_len, wrong="one_more")
+
+
+check_generate_greedy = make_check("generate_greedy")

@@ -3,16 +3,18 @@ answer its requests for MathJax from the local copy, and gather what a reader se
 """
 
 import functools
-import http.server
 import io
 import os
 import re
-import threading
+import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import CHAPTERS as CHAPTER_PATHS, ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import make_pdf  # noqa: E402  (its local HTTP server)
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -52,13 +54,8 @@ def chromium_browser(needs_mathjax):
 
 def serve(folder):
     """Serve `folder` on 127.0.0.1 (a generator, for a fixture): yields the base URL."""
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_port}"
+    httpd, base = make_pdf.serve(folder)
+    yield base
     httpd.shutdown()
     httpd.server_close()
 

@@ -23,6 +23,30 @@ def check_int(name, value, minimum=1):
     return int(value)
 
 
+def check_base(base):
+    """The base of sinusoidal or rotary wavelengths: a real number greater than 1."""
+    if isinstance(base, bool) or not isinstance(base, numbers.Real) or not base > 1:
+        raise ValueError(f"base must be a number greater than 1, got {base!r}")
+    return float(base)
+
+
+def check_even_model_width(d_model):
+    """Sines and cosines come in pairs, so d_model must be even."""
+    d_model = check_int("d_model", d_model)
+    if d_model % 2:
+        raise ValueError(f"d_model={d_model} is odd, but the sinusoidal encoding fills the features "
+                         f"in (sin, cos) pairs: d_model must be even")
+    return d_model
+
+
+def check_sequence_length(name, shape, max_len=None):
+    """Token ids of shape (..., T): at least one position, and at most max_len when given."""
+    if len(shape) < 1 or shape[-1] < 1:
+        raise ValueError(f"{name} must hold at least one token per sequence, got shape {shape_str(shape)}")
+    if max_len is not None and shape[-1] > max_len:
+        raise ValueError(f"{name} has T={shape[-1]} positions, but the model knows only max_len={max_len} positions")
+
+
 def check_ndim(name, x, minimum, maximum=None):
     """`x` must have at least `minimum` (and at most `maximum`) dimensions."""
     ndim = len(x.shape)

@@ -36,12 +36,7 @@ def check_tokens(tokens, vocab_size, max_len=None, name="tokens"):
     0 .. vocab_size - 1. Returns them as an array."""
     tokens = check_ids(name, tokens, vocab_size)
     validate.check_ndim(name, tokens, 1)
-    T = tokens.shape[-1]
-    if T < 1:
-        raise ValueError(f"{name} must hold at least one token per sequence, got shape "
-                         f"{validate.shape_str(tokens.shape)}")
-    if max_len is not None and T > max_len:
-        raise ValueError(f"{name} has T={T} positions, but the model knows only max_len={max_len} positions")
+    validate.check_sequence_length(name, tokens.shape, max_len)
     return tokens
 
 

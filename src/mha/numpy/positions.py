@@ -18,25 +18,13 @@ from mha import validate
 from mha.numpy.attention import as_float_array
 
 
-def check_base(base):
-    """The base of the sinusoidal wavelengths: a real number greater than 1."""
-    if isinstance(base, bool) or not isinstance(base, (int, float, np.integer, np.floating)) or not base > 1:
-        raise ValueError(f"base must be a number greater than 1, got {base!r}")
-    return float(base)
 
 
-def check_even_model_width(d_model):
-    """Sines and cosines come in pairs, so d_model must be even."""
-    d_model = validate.check_int("d_model", d_model)
-    if d_model % 2:
-        raise ValueError(f"d_model={d_model} is odd, but the sinusoidal encoding fills the features "
-                         f"in (sin, cos) pairs: d_model must be even")
-    return d_model
 
 
 def sinusoidal_frequencies(d_model, base=10000.0):
     """The frequency of each (sin, cos) pair: theta_i = base^(-2i / d_model), shape (d_model / 2,)."""
-    d_model, base = check_even_model_width(d_model), check_base(base)
+    d_model, base = validate.check_even_model_width(d_model), validate.check_base(base)
     return base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)  # (d_model / 2,)
 
 

@@ -20,10 +20,6 @@ def check_even_width(name, d_head):
                          f"in pairs: d_head must be even")
 
 
-def check_base(base):
-    if isinstance(base, bool) or not isinstance(base, (int, float, np.integer, np.floating)) or not base > 1:
-        raise ValueError(f"base must be a number greater than 1, got {base!r}")
-    return float(base)
 
 
 def rotary_embedding(T, d_head, base=10000.0, offset=0, *, dtype=np.float64):
@@ -36,7 +32,7 @@ def rotary_embedding(T, d_head, base=10000.0, offset=0, *, dtype=np.float64):
     T, d_head = validate.check_int("T", T), validate.check_int("d_head", d_head)
     offset = validate.check_int("offset", offset, minimum=0)
     check_even_width("the rotary table", d_head)
-    base, dtype = check_base(base), np.dtype(dtype)
+    base, dtype = validate.check_base(base), np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise TypeError(f"dtype must be float32 or float64, got {dtype}")
     inv_freq = 1.0 / (dtype.type(base) ** (np.arange(0, d_head, 2, dtype=dtype) / dtype.type(d_head)))  # (d/2,)

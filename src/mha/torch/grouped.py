@@ -12,7 +12,7 @@ from torch import nn
 from mha import validate
 from mha.torch.attention import linear_bias, linear_weight, merge_heads, scaled_dot_product_attention, split_heads
 from mha.torch.cache import KVCache
-from mha.torch.rotary import apply_rotary, check_base, rotary_embedding
+from mha.torch.rotary import apply_rotary, rotary_embedding
 from mha.torch.tensors import at_least_2d, check_input, check_mask_tensor, check_tensor, under_transform
 
 
@@ -124,7 +124,7 @@ class GroupedQueryAttention(nn.Module):
             validate.check_divisible(d_model, n_heads)
             d_head = d_model // n_heads
         self.d_head = validate.check_int("d_head", d_head)
-        self.rope_base = None if rope_base is None else check_base(rope_base)
+        self.rope_base = None if rope_base is None else validate.check_base(rope_base)
         if self.rope_base is not None and d_head % 2:
             raise ValueError(f"d_head={d_head} is odd, but rotary embeddings turn features in pairs: "
                              f"choose an even d_head, or rope_base=None")

@@ -16,20 +16,8 @@ from mha import validate
 from mha.torch.tensors import check_input, check_is_tensor, check_tensor
 
 
-def check_base(base):
-    """The base of the sinusoidal wavelengths: a real number greater than 1."""
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
-        raise ValueError(f"base must be a number greater than 1, got {base!r}")
-    return float(base)
 
 
-def check_even_model_width(d_model):
-    """Sines and cosines come in pairs, so d_model must be even."""
-    d_model = validate.check_int("d_model", d_model)
-    if d_model % 2:
-        raise ValueError(f"d_model={d_model} is odd, but the sinusoidal encoding fills the features "
-                         f"in (sin, cos) pairs: d_model must be even")
-    return d_model
 
 
 def sinusoidal_positions(T, d_model, *, base=10000.0, offset=0, dtype=None, device=None):
@@ -40,7 +28,7 @@ def sinusoidal_positions(T, d_model, *, base=10000.0, offset=0, dtype=None, devi
     """
     T = validate.check_int("T", T, minimum=0)
     offset = validate.check_int("offset", offset, minimum=0)
-    d_model, base = check_even_model_width(d_model), check_base(base)
+    d_model, base = validate.check_even_model_width(d_model), validate.check_base(base)
     dtype = torch.get_default_dtype() if dtype is None else dtype
     if not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
@@ -127,8 +115,8 @@ class SinusoidalPositions(nn.Module):
 
     def __init__(self, d_model, *, base=10000.0):
         super().__init__()
-        self.d_model = check_even_model_width(d_model)
-        self.base = check_base(base)
+        self.d_model = validate.check_even_model_width(d_model)
+        self.base = validate.check_base(base)
 
     def forward(self, x, offset=0):
         check_tensor("x", x, self.d_model)

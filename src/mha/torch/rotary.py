@@ -19,10 +19,6 @@ def check_even_width(name, d_head):
                          f"in pairs: d_head must be even")
 
 
-def check_base(base):
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
-        raise ValueError(f"base must be a number greater than 1, got {base!r}")
-    return float(base)
 
 
 def rotary_embedding(T, d_head, base=10000.0, offset=0, *, dtype=None, device=None):
@@ -34,7 +30,7 @@ def rotary_embedding(T, d_head, base=10000.0, offset=0, *, dtype=None, device=No
     T, d_head = validate.check_int("T", T), validate.check_int("d_head", d_head)
     offset = validate.check_int("offset", offset, minimum=0)
     check_even_width("the rotary table", d_head)
-    base = check_base(base)
+    base = validate.check_base(base)
     dtype = torch.get_default_dtype() if dtype is None else dtype
     if not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")

@@ -12,6 +12,8 @@
   per way of adding positions, trained and tested at other lengths (chapter 10).
 - `induction`: repeated segments of letters, a small decoder-only Transformer trained on them,
   and the scores, knock-outs and shipped weights that find its induction heads (chapter 11).
+- `seeds`: claims over seeds: sweeps (an experiment run on many seeds), their tables stored in
+  `seed_tables/` by tools/seed_sweeps.py, read by the chapters and re-derived by the tests.
 
 Import them as `from mha.experiments import tasks` or
 `from mha.experiments.heads import AttentionReadout`.

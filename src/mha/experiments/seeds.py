@@ -1,0 +1,123 @@
+"""Claims over seeds: one experiment run on many seeds, its table stored with the library.
+
+A number that a chapter states about a trained model, a random draw or a sweep must hold
+beyond the seed that was tried (CONTRIBUTING.md, "Claims hold beyond the case tried"). The
+experiment behind it becomes a **sweep**: a function `seed -> {name: number or list of numbers}`,
+registered with `@sweep`:
+
+    @sweep("ch12_sharing", seeds=range(15), tolerance=0.02)
+    def sharing_errors(seed):
+        ...
+        return {"partner_error_h_kv_4": 0.061, ...}
+
+`tools/seed_sweeps.py` runs every seed of a sweep under generic kernels and one thread
+(`GENERIC_KERNELS`), the same on every CPU, and writes `seed_tables/<name>.json`. Chapters read
+the stored table (`column`, `spread`); a claims test asserts the chapter's sentence over every
+seed of it, and re-derives one stored row (`rederive`), which must agree within the sweep's
+`tolerance` on any machine: training amplifies rounding, so claims are compared, not digits.
+"""
+
+import importlib
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+TABLES = Path(__file__).with_name("seed_tables")
+GENERIC_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1"}
+MIN_SEEDS = 5
+SWEEPS = {}  # name -> Sweep, filled by @sweep when a module is imported
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One experiment over seeds: `run(seed)` returns a dict of numbers (or lists of numbers)."""
+    name: str
+    run: object
+    seeds: tuple
+    tolerance: float  # the largest difference a re-derived row may show on another machine
+    module: str  # where `run` lives, so that a worker process can import it
+
+
+def sweep(name, *, seeds, tolerance):
+    """Register `fn(seed) -> dict` as the sweep `name` over `seeds` (at least MIN_SEEDS of them)."""
+    seeds = tuple(int(s) for s in seeds)
+    if len(seeds) < MIN_SEEDS:
+        raise ValueError(f"sweep {name!r} has {len(seeds)} seeds; a claim needs at least {MIN_SEEDS}")
+    if not tolerance > 0:
+        raise ValueError(f"sweep {name!r}: tolerance must be positive, got {tolerance!r}")
+
+    def register(fn):
+        if name in SWEEPS and SWEEPS[name].run.__qualname__ != fn.__qualname__:
+            raise ValueError(f"two sweeps are named {name!r}: {SWEEPS[name].module} and {fn.__module__}")
+        SWEEPS[name] = Sweep(name, fn, seeds, float(tolerance), fn.__module__)
+        return fn
+    return register
+
+
+def get_sweep(name):
+    """The registered sweep `name`; its module must have been imported."""
+    if name not in SWEEPS:
+        raise ValueError(f"no sweep named {name!r}; registered: {sorted(SWEEPS)} (import its module first)")
+    return SWEEPS[name]
+
+
+def run_row(name, seed, module=None):
+    """One row of a sweep, `{"seed": seed, ...}`; values as plain floats (and lists of floats)."""
+    if module is not None:
+        importlib.import_module(module)  # a worker process registers the sweep by importing its module
+    values = get_sweep(name).run(seed)
+    return {"seed": int(seed), **{key: _plain(value) for key, value in values.items()}}
+
+
+def _plain(value):
+    array = np.asarray(value, dtype=float)
+    return array.tolist() if array.ndim else float(array)
+
+
+def table_path(name):
+    return TABLES / f"{name}.json"
+
+
+def load(name):
+    """The stored table of a sweep: a dict with "rows" (one per seed) and how it was made."""
+    path = table_path(name)
+    if not path.exists():
+        raise ValueError(f"no stored table for sweep {name!r} at {path}: run tools/seed_sweeps.py {name}")
+    return json.loads(path.read_text())
+
+
+def save(name, rows, **notes):
+    """Write a sweep's rows (sorted by seed) and notes to `seed_tables/<name>.json`."""
+    TABLES.mkdir(exist_ok=True)
+    about = {"name": name, "seeds": [row["seed"] for row in rows], **notes}
+    text = json.dumps({**about, "rows": sorted(rows, key=lambda row: row["seed"])}, indent=1, sort_keys=True)
+    table_path(name).write_text(text + "\n")
+
+
+def column(name, key):
+    """One value over every stored seed: (n_seeds,) or (n_seeds, ...) for list values."""
+    return np.array([row[key] for row in load(name)["rows"]], dtype=float)
+
+
+def spread(name, key):
+    """(median, smallest, largest) of a scalar value over every stored seed."""
+    values = column(name, key)
+    if values.ndim != 1:
+        raise ValueError(f"spread needs a number per seed, but {name}[{key!r}] has shape {values.shape[1:]}")
+    return float(statistics.median(values.tolist())), float(values.min()), float(values.max())
+
+
+def rederive(name, seed=None):
+    """Run one stored seed again here: returns (stored row, fresh row, largest difference)."""
+    stored = load(name)["rows"]
+    row = stored[0] if seed is None else next((r for r in stored if r["seed"] == seed), None)
+    if row is None:
+        raise ValueError(f"seed {seed} is not stored for sweep {name!r}; stored: {[r['seed'] for r in stored]}")
+    fresh = run_row(name, row["seed"])
+    if sorted(fresh) != sorted(row):
+        raise ValueError(f"sweep {name!r} now returns {sorted(fresh)}, the table stores {sorted(row)}")
+    gap = max(float(np.max(np.abs(np.subtract(fresh[k], row[k])))) for k in row if k != "seed")
+    return row, fresh, gap

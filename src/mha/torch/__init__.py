@@ -14,6 +14,7 @@ The modules, each importing only those above it:
     rotary     rotary position embeddings (RoPE), Llama's "rotate half" convention (chapter 12)
     cache      the key-value cache of generation (chapter 12)
     grouped    grouped-query attention with RoPE and the cache, equal to Llama's (chapter 12)
+    hf_config  what from_llama reads from a Hugging Face layer's config, and what it refuses
     positions  LearnedPositions, SinusoidalPositions and ALiBi's bias (chapter 10)
     model      DecoderOnlyTransformer (a small GPT), its loss, warm-up and greedy generation (chapter 11)
 Import the face, not the modules: `import mha.torch as mt`.

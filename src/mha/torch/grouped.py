@@ -1,8 +1,9 @@
 """Grouped-query attention with rotary positions and a key-value cache: the attention of
-Llama, Mistral, Qwen and Gemma. The PyTorch face of `mha.numpy.grouped`.
+Llama, Mistral, Qwen2 and Gemma 1. The PyTorch face of `mha.numpy.grouped`.
 
-`GroupedQueryAttention.from_llama` copies a Hugging Face `LlamaAttention`; the
-module then computes what it computes (tests/test_grouped_llama.py proves it).
+`GroupedQueryAttention.from_llama` copies a Hugging Face `LlamaAttention` (or Mistral's, Qwen2's,
+Gemma 1's); the module then computes what it computes (tests/test_grouped_llama.py and
+tests/test_loader_refusals.py prove it), and a layer it cannot compute is refused (`hf_config`).
 """
 
 import torch
@@ -12,6 +13,7 @@ from torch import nn
 from mha import validate
 from mha.torch.attention import linear_bias, linear_weight, merge_heads, scaled_dot_product_attention, split_heads
 from mha.torch.cache import KVCache
+from mha.torch.hf_config import check_computable, sliding_window
 from mha.torch.rotary import apply_rotary, rotary_embedding
 from mha.torch.tensors import at_least_2d, check_input, check_mask_tensor, check_tensor, under_transform
 
@@ -79,43 +81,18 @@ def attend_with_cache(q, k, v, past_keys=None, past_values=None, *, causal=False
     return out, None, keys, values
 
 
-def llama_rope_parameters(config):
-    """A Llama config's RoPE settings as {"rope_type", "rope_theta"}: transformers 5 keeps them in
-    `config.rope_parameters`; transformers 4 in `config.rope_theta` and `config.rope_scaling`."""
-    rope = getattr(config, "rope_parameters", None)
-    if rope:
-        return dict(rope)
-    scaling = getattr(config, "rope_scaling", None) or {}
-    rope = {"rope_type": scaling.get("rope_type", scaling.get("type", "default"))}
-    if getattr(config, "rope_theta", None) is not None:
-        rope["rope_theta"] = config.rope_theta
-    return rope
-
-
-def check_llama_rope(config, rope_base):
-    """Llama's RoPE must be the one we build: the default kind, with base `rope_base`."""
-    if rope_base is None or config is None:
-        return
-    rope = llama_rope_parameters(config)
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"the Llama config uses RoPE of type {rope['rope_type']!r}, which rescales the "
-                         f"frequencies; GroupedQueryAttention builds the default kind only")
-    theta = rope.get("rope_theta", rope_base)
-    if theta != rope_base:
-        raise ValueError(f"the Llama config has rope_theta={theta} but rope_base={rope_base}: "
-                         f"pass rope_base={theta}")
-
-
 class GroupedQueryAttention(nn.Module):
     """n_heads query heads sharing n_kv_heads key/value heads, with optional RoPE and a KV cache.
 
     n_kv_heads == n_heads is multi-head attention; n_kv_heads == 1 multi-query attention.
     d_head defaults to d_model // n_heads. forward(x, mask=None, return_weights=False, *,
     causal=False, cache=None) returns (out, weights or None); x: (..., T, d_model).
+    `sliding_window` (Mistral's) is the most positions, cached and new, that forward accepts:
+    beyond it a windowed layer would hide the oldest keys, which this one does not do.
     """
 
     def __init__(self, d_model, n_heads, n_kv_heads, *, d_head=None, bias=False, rope_base=None,
-                 device=None, dtype=None):
+                 sliding_window=None, device=None, dtype=None):
         super().__init__()
         self.d_model = validate.check_int("d_model", d_model)
         self.n_rep = validate.check_group_sizes(n_heads, n_kv_heads)
@@ -128,6 +105,7 @@ class GroupedQueryAttention(nn.Module):
         if self.rope_base is not None and d_head % 2:
             raise ValueError(f"d_head={d_head} is odd, but rotary embeddings turn features in pairs: "
                              f"choose an even d_head, or rope_base=None")
+        self.sliding_window = None if sliding_window is None else validate.check_int("sliding_window", sliding_window)
         options = dict(bias=bias, device=device, dtype=dtype)
         self.W_q = nn.Linear(d_model, n_heads * d_head, **options)
         self.W_k = nn.Linear(d_model, n_kv_heads * d_head, **options)
@@ -138,6 +116,7 @@ class GroupedQueryAttention(nn.Module):
         check_input(self, "x", x, self.d_model)
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a mha.torch.KVCache, got {type(cache).__name__}")
+        self.check_window(x.shape[-2], 0 if cache is None else len(cache))
         q = split_heads(self.W_q(x), self.n_heads)  # (..., h, T, d_head)
         k = split_heads(self.W_k(x), self.n_kv_heads)  # (..., h_kv, T, d_head)
         v = split_heads(self.W_v(x), self.n_kv_heads)  # (..., h_kv, T, d_head)
@@ -149,22 +128,40 @@ class GroupedQueryAttention(nn.Module):
         out = self.W_o(merge_heads(out))  # (..., T, d_model)
         return out, weights
 
+    def check_window(self, T_new, T_past):
+        """Refuse more positions than `sliding_window`, where a windowed layer would differ from ours."""
+        if self.sliding_window is not None and T_past + T_new > self.sliding_window:
+            raise ValueError(f"{T_past + T_new} positions ({T_past} cached + {T_new} new) exceed sliding_window="
+                             f"{self.sliding_window}: a windowed layer would hide the oldest keys, and "
+                             f"GroupedQueryAttention attends to all of them; expected at most "
+                             f"{self.sliding_window} positions")
+
     @classmethod
     def from_llama(cls, attention, rope_base=10000.0):
-        """A copy of a Hugging Face `LlamaAttention`'s q_proj, k_proj, v_proj and o_proj
-        (same device and dtype). Llama's rotary embedding lives outside the layer: give its
-        base (config.rope_theta) as `rope_base`."""
+        """A copy of a Hugging Face decoder attention layer's q_proj, k_proj, v_proj and o_proj
+        (same device and dtype). The rotary embedding lives outside the layer: give its base
+        (config.rope_theta) as `rope_base`; rope_base=None copies the projections without RoPE.
+
+        Proven equal, each by a test against Hugging Face on a tiny random config:
+        Llama (`LlamaAttention`), Mistral (its `sliding_window` becomes ours: forward refuses
+        more positions than the window), Qwen2 (biases on q, k and v), Gemma 1 (head_dim other
+        than d_model / n_heads), OLMo 1 without clip_qkv. Refused with a ValueError naming the
+        feature, each tested: Qwen3 and OLMo2 (q_norm and k_norm), Gemma 2 (attn_logit_softcapping,
+        and scores scaled by query_pre_attn_scalar ** -0.5), Gemma 3 (q_norm and k_norm, that
+        scaling, a RoPE per layer type), any RoPE type but 'default' (Llama 3's, YaRN...),
+        partial_rotary_factor (GLM), clip_qkv (OLMo 1), sinks (GPT-OSS), Qwen2's
+        use_sliding_window. Other families are unproven. See `mha.torch.hf_config`."""
         layers = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
         if not all(isinstance(layer, nn.Linear) for layer in layers):
             raise TypeError(f"expected a transformers LlamaAttention with q_proj, k_proj, v_proj and o_proj, "
                             f"got {type(attention).__name__}")
-        check_llama_rope(getattr(attention, "config", None), rope_base)
+        check_computable(attention, rope_base)
         q_proj, k_proj, v_proj, o_proj = layers
         d_head = attention.head_dim
         weight = q_proj.weight
         ours = cls(q_proj.in_features, q_proj.out_features // d_head, k_proj.out_features // d_head,
-                   d_head=d_head, bias=q_proj.bias is not None, rope_base=rope_base,
-                   device=weight.device, dtype=weight.dtype)
+                   d_head=d_head, bias=any(layer.bias is not None for layer in layers), rope_base=rope_base,
+                   sliding_window=sliding_window(attention), device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
             for mine, theirs in zip((ours.W_q, ours.W_k, ours.W_v, ours.W_o), layers):
                 mine.weight.copy_(theirs.weight)

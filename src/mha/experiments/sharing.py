@@ -5,6 +5,8 @@
   grouped twin of chapter 7's `AttentionReadout`.
 - `train_shared`: train one such model on a `TwoRelationTask` with chapter 7's loop
   (`mha.experiments.tasks.train`) and measure its errors on test sequences.
+- `sharing_sweep`: the chapter's experiment on one seed (4, 2 and 1 key/value heads), registered
+  as the sweep "ch12_sharing" over 15 seeds; the chapter reads its stored table.
 
 Everything is seeded: the same arguments give the same model on the same machine.
 Training amplifies rounding, so another CPU may print other last digits.
@@ -12,10 +14,14 @@ Training amplifies rounding, so another CPU may print other last digits.
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
+import mha.numpy as mnp
 import mha.torch as mt
+from mha.experiments import seeds
+from mha.experiments.heads import TwoRelationTask
 from mha.experiments.tasks import train
 
 
@@ -68,3 +74,32 @@ def train_shared(task, n_heads, n_kv_heads, d_head, *, steps=400, lr=0.01, batch
     kv_parameters = layer.W_k.weight.numel() + layer.W_v.weight.numel()
     return SharingResult(model, n_heads, n_kv_heads, layer.d_head, kv_parameters, 2 * n_kv_heads * layer.d_head,
                          losses, errors)
+
+
+KV_HEADS = (4, 2, 1)  # key/value heads under four query heads: multi-head, grouped, multi-query
+LOSS_WINDOW = 10  # the sweep stores the mean training loss of every 10 steps
+
+
+@seeds.sweep("ch12_sharing", seeds=range(15), tolerance=1e-3)
+def sharing_sweep(seed):
+    """Chapter 12's experiment on one seed: four query heads of width 5 over 4, 2 and 1 key/value heads.
+
+    Each model is trained by `train_shared` (400 steps, seed `seed`) on chapter 7's task and
+    tested on the same 512 sequences (seed 123). For each h_kv in KV_HEADS the row holds
+    `previous_error_{h_kv}` and `partner_error_{h_kv}` (test mean squared errors),
+    `losses_{h_kv}` (the mean training loss of every LOSS_WINDOW steps), and per query head
+    the average weight on the previous token and on the partner (`previous_attention_{h_kv}`,
+    `partner_attention_{h_kv}`, 4 numbers each).
+    """
+    task = TwoRelationTask(T=8, n_symbols=8, d_value=4)
+    X_test, Y_test, symbols = task.batch(512, torch.Generator().manual_seed(123))
+    row = {}
+    for h_kv in KV_HEADS:
+        run = train_shared(task, n_heads=4, n_kv_heads=h_kv, d_head=5, seed=seed, test=(X_test, Y_test))
+        row[f"previous_error_{h_kv}"], row[f"partner_error_{h_kv}"] = run.errors
+        row[f"losses_{h_kv}"] = np.reshape(run.losses, (-1, LOSS_WINDOW)).mean(axis=1)  # (steps / 10,)
+        with torch.no_grad():
+            _, weights = run.model.attention(X_test, return_weights=True)  # (B, h, T, T)
+        row[f"previous_attention_{h_kv}"] = mnp.attention_at_offset(weights.numpy(), -1).mean(axis=0)  # (h,)
+        row[f"partner_attention_{h_kv}"] = task.partner_attention(weights, symbols).numpy()  # (h,)
+    return row

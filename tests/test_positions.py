@@ -1,21 +1,20 @@
-"""Positions (chapter 10): sinusoidal tables, learned tables, ALiBi, and attention with a score bias.
+"""Positions (chapter 10): sinusoidal tables, learned tables and ALiBi.
 
 Each function against a formula written here from scratch; the sinusoidal shift as a linear map;
-the bias path against F.scaled_dot_product_attention with a float mask; numpy == torch, also on
-`meta`; permutation equivariance without positions and its loss with them; the errors; and the
-chapter's training claims over several seeds."""
+numpy == torch, also on `meta`; permutation equivariance without positions and its loss with them; the errors; the
+chapter's task. Attention with ALiBi's score bias: tests/test_positions_bias.py. The chapter's
+claims about trained models, over ten seeds: tests/test_claims_ch10.py."""
 
 import math
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import DEVICES, assert_matches_cpu, on_device
 
 import mha.numpy as mn
 import mha.torch as mt
-from mha.experiments.positions import LastAssignmentTask, accuracy, train_recall
+from mha.experiments.positions import LastAssignmentTask, held_out, train_recall
 
 # The sinusoidal table -------------------------------------------------------------------
 
@@ -199,86 +198,6 @@ def test_alibi_errors():
         mn.alibi_slopes(0)
 
 
-# Attention with a score bias --------------------------------------------------------------------
-
-
-def random_qkv(B=2, h=3, T_q=5, T_k=5, d=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(B, h, T, d, generator=g, dtype=torch.float64) for T in (T_q, T_k, T_k))
-
-
-@pytest.mark.parametrize("T_q,T_k", [(5, 5), (2, 6)])
-def test_the_bias_path_equals_pytorch_with_a_float_mask(T_q, T_k):
-    q, k, v = random_qkv(T_q=T_q, T_k=T_k)
-    bias = mt.alibi_bias(T_q, T_k, mt.alibi_slopes(3, dtype=torch.float64))  # (h, T_q, T_k)
-    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    out, weights = mt.scaled_dot_product_attention(q, k, v, bias=bias)
-    assert (out - expected).abs().max() < 1e-12
-    out_np, weights_np = mn.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), bias=bias.numpy())
-    assert np.abs(out_np - expected.numpy()).max() < 1e-12 and np.abs(weights_np - weights.numpy()).max() < 1e-12
-
-
-def test_a_bias_with_a_boolean_mask_and_a_fully_masked_row():
-    q, k, v = random_qkv()
-    bias = mt.alibi_bias(5, 5, mt.alibi_slopes(3, dtype=torch.float64))
-    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
-    mask[1, 0, 2] = False  # sequence 1, query 2 may attend to nothing
-    float_mask = bias.masked_fill(~mask, float("-inf"))  # (2, 3, 5, 5)
-    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask)
-    out, weights = mt.scaled_dot_product_attention(q, k, v, mask, bias=bias)
-    assert (out - expected).abs().max() < 1e-12
-    assert torch.all(weights[1, :, 2] == 0) and torch.all(out[1, :, 2] == 0)
-    out_np, weights_np = mn.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), mask.numpy(),
-                                                         bias=bias.numpy())
-    assert np.abs(out_np - expected.numpy()).max() < 1e-12 and np.all(weights_np[1, :, 2] == 0)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("with_mask", [False, True])
-def test_the_module_takes_a_bias_on_its_fast_and_explicit_paths_and_equals_the_numpy_face(causal, with_mask):
-    torch.manual_seed(0)
-    layer = mt.MultiHeadAttention(8, 2, dtype=torch.float64).eval()
-    x = torch.randn(3, 6, 8, dtype=torch.float64)
-    bias = mt.alibi_bias(6, 6, mt.alibi_slopes(2, dtype=torch.float64))
-    mask = mt.padding_mask([6, 4, 0], 6) if with_mask else None  # the last sequence has no real key
-    with torch.no_grad():
-        fast = layer(x, mask=mask, causal=causal, bias=bias)
-        explicit, weights = layer(x, mask=mask, causal=causal, bias=bias, return_weights=True)
-    assert (fast - explicit).abs().max() < 1e-12
-    full_mask = np.ones((6, 6), dtype=bool) if mask is None else mask.numpy()
-    full_mask = full_mask & (mn.causal_mask(6) if causal else True)
-    ours, ours_weights = mn.multihead_attention(x.numpy(), n_heads=2, mask=full_mask, bias=bias.numpy(),
-                                                **layer.numpy_params())
-    assert np.abs(ours - fast.numpy()).max() < 1e-12 and np.abs(ours_weights - weights.numpy()).max() < 1e-12
-    on_meta = layer.to("meta")(x.to("meta"), causal=causal, bias=bias.to("meta"))
-    assert on_meta.shape == (3, 6, 8)
-
-
-def test_a_zero_bias_changes_nothing_and_a_constant_one_too():
-    q, k, v = random_qkv()
-    plain, _ = mn.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy())
-    shifted, _ = mn.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), bias=np.full((5, 5), 3.0))
-    assert np.abs(plain - shifted).max() < 1e-12  # a softmax ignores a constant added to a row
-
-
-def test_the_bias_errors():
-    q, k, v = random_qkv()
-    with pytest.raises(ValueError, match=r"bias has shape \(4, 5, 5\) but scores have shape \(2, 3, 5, 5\)"):
-        mn.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), bias=np.zeros((4, 5, 5)))
-    with pytest.raises(ValueError, match=r"bias has shape \(5, 6\)"):
-        mt.scaled_dot_product_attention(q, k, v, bias=torch.zeros(5, 6, dtype=torch.float64))
-    with pytest.raises(TypeError, match="bias must be a floating-point tensor"):
-        mt.scaled_dot_product_attention(q, k, v, bias=torch.zeros(5, 5, dtype=torch.long))
-    with pytest.raises(TypeError, match="bias must be an array of numbers"):
-        mn.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), bias=np.zeros((5, 5), dtype=bool))
-    with pytest.raises(ValueError, match=r"bias has shape \(3, 6, 6\) but scores have shape \(2, 3, 5, 5\)"):
-        mt.MultiHeadAttention(6, 3)(torch.zeros(2, 5, 6), bias=torch.zeros(3, 6, 6))
-    # A float32 score with a float64 bias stays float32.
-    out, weights = mn.scaled_dot_product_attention(*(a.numpy().astype(np.float32) for a in (q, k, v)),
-                                                   bias=np.zeros((5, 5)))
-    assert out.dtype == weights.dtype == np.float32
-
-
 # Permutation equivariance ---------------------------------------------------------------------
 
 
@@ -301,7 +220,7 @@ def test_attention_without_positions_is_permutation_equivariant_and_with_them_is
     assert np.abs(with_alibi_permuted - with_alibi[perm]).max() > 1e-3
 
 
-# The chapter's task and its training claims --------------------------------------------------------
+# The chapter's task --------------------------------------------------------
 
 
 def test_the_task_answers_the_last_assignment():
@@ -313,8 +232,14 @@ def test_the_task_answers_the_last_assignment():
         asked = words[-1][0]
         last = [w for w in words[:-1] if w[0] == asked][-1]
         assert words[-1] == asked + "?" and int(last[2:]) == answer
+    last = task.last_assignment(tokens)  # (500,): where the answer was assigned
+    assert torch.equal(tokens[torch.arange(500), last] % 8, answers)
+    assert torch.equal(tokens[torch.arange(500), last] // 8, tokens[:, -1] - 32)
     blind = task.order_blind_accuracy(tokens)
     assert 0.3 < blind < 0.6
+    test_tokens, test_answers = held_out(task, 12)  # the chapter's test set: seed 123, 1000 sequences
+    assert torch.equal(test_tokens, task.batch(1000, 12, torch.Generator().manual_seed(123))[0])
+    assert torch.equal(test_answers, task.answer(test_tokens))
 
 
 def test_a_model_without_positions_cannot_see_the_order_of_the_assignments():
@@ -328,49 +253,6 @@ def test_a_model_without_positions_cannot_see_the_order_of_the_assignments():
     learned = train_recall(task, "learned", steps=30).model
     with torch.no_grad():
         assert (learned(shuffled) - learned(tokens)).abs().max() > 1e-2
-
-
-@pytest.fixture(scope="module")
-def trained():
-    """The chapter's four models, over three seeds: accuracies at the lengths of the figure."""
-    torch.set_num_threads(1)
-    task = LastAssignmentTask()
-    lengths = (8, 16, 32, 64, 128)
-    results = {}
-    for kind in ("none", "learned", "sinusoidal", "alibi"):
-        for seed in (0, 1, 2):
-            model = train_recall(task, kind, seed=seed).model
-            results[kind, seed] = {T: accuracy(model, task, T) for T in lengths if kind != "learned" or T <= 16}
-    return task, results
-
-
-def test_the_chapters_training_claims_hold_for_three_seeds(trained):
-    task, results = trained
-    ceiling = {T: task.order_blind_accuracy(task.batch(1000, T, torch.Generator().manual_seed(123))[0])
-               for T in (16, 64)}
-    for seed in (0, 1, 2):
-        assert abs(results["none", seed][16] - ceiling[16]) < 0.05  # position-blind: at the ceiling
-        assert results["learned", seed][16] > 0.85 and results["sinusoidal", seed][16] > 0.85
-        assert results["alibi", seed][16] > 0.8
-        assert results["sinusoidal", seed][64] < 0.3 and results["sinusoidal", seed][128] < 0.3
-        assert min(results["alibi", seed].values()) > 0.8  # ALiBi holds at every length
-        assert results["alibi", seed][128] > results["alibi", seed][16] - 0.05
-    mean = {(kind, T): np.mean([results[kind, seed][T] for seed in (0, 1, 2)])
-            for kind in ("none", "sinusoidal") for T in (16, 64)}
-    assert mean["sinusoidal", 64] < ceiling[64]  # past the training length, worse than blind
-    assert abs(mean["none", 64] - ceiling[64]) < 0.05
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_mixed_lengths_exercise_claims_hold(seed):
-    torch.set_num_threads(1)
-    task = LastAssignmentTask()
-    lengths = tuple(range(8, 17))
-    learned = train_recall(task, "learned", T=lengths, seed=seed).model
-    sinusoidal = train_recall(task, "sinusoidal", T=lengths, seed=seed).model
-    alibi = train_recall(task, "alibi", T=lengths, seed=seed).model
-    assert accuracy(learned, task, 8) > 0.85 and accuracy(sinusoidal, task, 8) > 0.85
-    assert accuracy(sinusoidal, task, 64) < 0.3 and accuracy(alibi, task, 64) > 0.8
 
 
 # Devices and gradients ----------------------------------------------------------------------------

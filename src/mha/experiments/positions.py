@@ -7,6 +7,10 @@
   `mha.torch.MultiHeadAttention` whose only query is the question, and a linear readout.
 - `train_recall`: train one model with Adam and cross-entropy; `accuracy` measures it at
   any length, including lengths longer than those it was trained on.
+- Two sweeps over seeds (`mha.experiments.seeds`), whose stored tables the chapter reads:
+  `extrapolation` ("ch10_extrapolation", the four models trained at length 16 and tested at
+  every length of TEST_LENGTHS) and `mixed_lengths` ("ch10_mixed_lengths", the three kinds with
+  positions trained on lengths 8 to 16, for the exercise).
 
 Everything is seeded: the same arguments give the same model on the same machine.
 Training amplifies rounding, so another CPU may print other last digits.
@@ -21,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mha.torch as mt
+from mha.experiments import seeds
 
 POSITIONS = ("none", "learned", "sinusoidal", "alibi")
 
@@ -52,13 +57,16 @@ class LastAssignmentTask:
         tokens = torch.cat([keys * self.n_values + values, question[:, None]], dim=-1)  # (B, T)
         return tokens, self.answer(tokens)
 
-    def answer(self, tokens):
-        """The value last assigned to the key that the question asks about: tokens (B, T) -> (B,)."""
+    def last_assignment(self, tokens):
+        """The position of the last assignment to the key that the question asks about: (B, T) -> (B,)."""
         assignments, asked = tokens[:, :-1], tokens[:, -1] - self.n_keys * self.n_values  # (B, T - 1), (B,)
         position = torch.arange(assignments.shape[-1]).expand(assignments.shape)  # (B, T - 1)
         matches = assignments // self.n_values == asked[:, None]  # (B, T - 1)
-        last = torch.where(matches, position, -1).amax(dim=-1)  # (B,): the last assignment to that key
-        return assignments[torch.arange(len(tokens)), last] % self.n_values  # (B,)
+        return torch.where(matches, position, -1).amax(dim=-1)  # (B,)
+
+    def answer(self, tokens):
+        """The value last assigned to the key that the question asks about: tokens (B, T) -> (B,)."""
+        return tokens[torch.arange(len(tokens)), self.last_assignment(tokens)] % self.n_values  # (B,)
 
     def words(self, tokens):
         """The tokens of one sequence as text: "b=5" for an assignment, "b?" for the question."""
@@ -149,8 +157,69 @@ def train_recall(task, positions, *, T=16, steps=300, lr=0.01, batch_size=64, se
     return RecallResult(model, losses)
 
 
+def held_out(task, T, n=1000, seed=123):
+    """The chapter's test set at length T: n sequences (n, T) and their answers (n,), never trained on."""
+    return task.batch(n, T, torch.Generator().manual_seed(seed))
+
+
 def accuracy(model, task, T, n=1000, seed=123):
     """The share of n fresh sequences of length T whose answer the model gets right."""
-    tokens, answers = task.batch(n, T, torch.Generator().manual_seed(seed))
+    tokens, answers = held_out(task, T, n, seed)
     with torch.no_grad():
         return (model(tokens).argmax(-1) == answers).float().mean().item()
+
+
+TEST_LENGTHS = (8, 16, 32, 64, 128)  # where chapter 10 tests models trained at length 16
+MIXED_LENGTHS = (8, 12, 16, 32, 64)  # where its exercise tests models trained on lengths 8 to 16
+
+
+def lengths_for(kind, lengths, max_len=16):
+    """The lengths of `lengths` that a model of this kind can read: a learned table stops at max_len."""
+    return tuple(n for n in lengths if kind != "learned" or n <= max_len)
+
+
+@seeds.sweep("ch10_extrapolation", seeds=range(10), tolerance=0.05)
+def extrapolation(seed):
+    """Chapter 10's four models, trained by `train_recall` at length 16 from `seed`.
+
+    Each kind of POSITIONS gives its accuracy (`accuracy`, 1000 held-out sequences) at each of
+    `lengths_for(kind, TEST_LENGTHS)`, under the kind's name. On the first held-out sequence
+    of length 16 (the one in the chapter's figure), `last_weight_<kind>` is the question's weight
+    on the last assignment to its key, averaged over the heads, and `other_weight_<kind>` the
+    largest weight on any other token; `alibi_heads_on_last` is that weight in each ALiBi head
+    (slopes 1/4 to 1/256). `none_shuffle_gap` is the largest change of the logits of the model
+    without positions when the assignments of all 1000 sequences are shuffled.
+    """
+    task = LastAssignmentTask()
+    tokens, _ = held_out(task, 16)  # (1000, 16)
+    last = task.last_assignment(tokens[:1]).item()
+    shuffle = torch.randperm(15, generator=torch.Generator().manual_seed(0))  # the assignments only
+    shuffled = torch.cat([tokens[:, :-1][:, shuffle], tokens[:, -1:]], dim=-1)
+    row = {}
+    for kind in POSITIONS:
+        model = train_recall(task, kind, T=16, seed=seed).model
+        row[kind] = [accuracy(model, task, n) for n in lengths_for(kind, TEST_LENGTHS)]
+        with torch.no_grad():
+            _, weights = model(tokens[:1], return_weights=True)  # (1, h, T)
+            if kind == "none":
+                row["none_shuffle_gap"] = (model(shuffled) - model(tokens)).abs().max().item()
+        averaged = weights[0].mean(0)  # (T,)
+        row[f"last_weight_{kind}"] = averaged[last].item()
+        row[f"other_weight_{kind}"] = torch.cat([averaged[:last], averaged[last + 1:]]).max().item()
+        if kind == "alibi":
+            row["alibi_heads_on_last"] = weights[0, :, last].tolist()  # (h,)
+    return row
+
+
+@seeds.sweep("ch10_mixed_lengths", seeds=range(10), tolerance=0.05)
+def mixed_lengths(seed):
+    """The three kinds with positions, trained by `train_recall` on the lengths 8 to 16 in turn.
+
+    For each kind, its accuracy at each of `lengths_for(kind, MIXED_LENGTHS)`, under its name.
+    """
+    task = LastAssignmentTask()
+    row = {}
+    for kind in POSITIONS[1:]:
+        model = train_recall(task, kind, T=tuple(range(8, 17)), seed=seed).model
+        row[kind] = [accuracy(model, task, n) for n in lengths_for(kind, MIXED_LENGTHS)]
+    return row

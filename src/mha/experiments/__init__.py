@@ -14,6 +14,8 @@
   and the scores, knock-outs and shipped weights that find its induction heads (chapter 11).
 - `seeds`: claims over seeds: sweeps (an experiment run on many seeds), their tables stored in
   `seed_tables/` by tools/seed_sweeps.py, read by the chapters and re-derived by the tests.
+  Each chapter's sweeps live beside its experiment (`tasks`: ch02_*, `heads`: ch06_* and ch07_*,
+  `positions`: ch10_*, `induction`: ch11_*, `sharing`: ch12_*).
 
 Import them as `from mha.experiments import tasks` or
 `from mha.experiments.heads import AttentionReadout`.

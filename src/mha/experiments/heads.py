@@ -11,6 +11,10 @@
   weights, and measure how far apart the heads are.
 - `knock_out_mask`: a mask that silences chosen heads (a query that may attend to
   nothing gets a zero output, so the head contributes nothing).
+- Sweeps over seeds (`mha.experiments.seeds`), whose stored tables the chapters read:
+  chapter 7's trainings ("ch07_two_heads", "ch07_layouts", "ch07_almost_identical",
+  "ch07_conv_filters", "ch07_perturbation") and chapter 6's random blocks
+  ("ch06_residuals", "ch06_depth", "ch06_gradients"), with the small functions they use.
 """
 
 from dataclasses import dataclass
@@ -20,8 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import mha.numpy as mnp
 import mha.torch as mt
 from mha import validate
+from mha.experiments import seeds, tasks
 
 
 @dataclass(frozen=True)
@@ -234,3 +240,310 @@ def knock_out_mask(n_heads, heads):
     keep = torch.ones(n_heads, 1, 1, dtype=torch.bool)
     keep[heads] = False
     return keep
+
+
+# Claims over seeds (CONTRIBUTING.md). Each sweep is a function seed -> {name: number or list};
+# tools/seed_sweeps.py stores its table in seed_tables/, the chapters read it, and
+# tests/test_claims_ch06.py and tests/test_claims_ch07.py re-derive one row of each.
+
+TASK = TwoRelationTask(T=8, n_symbols=8, d_value=4)  # chapter 7's task
+LAYOUTS = ((1, 20), (2, 10), (4, 5), (1, 40), (2, 20), (4, 10))  # chapter 7's (h, d_head): budgets 20 and 40
+
+
+def held_out(task=TASK):
+    """Chapter 7's test sequences: 512 drawn with seed 123, as (inputs, targets, symbols)."""
+    return task.batch(512, torch.Generator().manual_seed(123))
+
+
+def trained_readout(seed, n_heads=2, d_head=None, *, identical=False, steps=400, task=TASK):
+    """An AttentionReadout as chapter 7 trains it: torch.manual_seed(seed) for its start (every
+    head a copy of head 0 if `identical`), Adam at lr 0.01 on batches of 64 drawn with `seed`."""
+    torch.manual_seed(seed)
+    model = AttentionReadout(task.d_in, n_heads, task.d_out, d_head)
+    if identical:
+        make_heads_identical(model)
+    tasks.train(model, task.make_batch(64), steps=steps, lr=0.01, seed=seed)
+    return model
+
+
+@torch.no_grad()
+def relation_scores(model, inputs, symbols, task=TASK):
+    """(previous, partner): each head's average weight on the previous token and on the partner."""
+    _, weights = model(inputs, return_weights=True)  # (B, h, T, T)
+    previous = mnp.attention_at_offset(weights.numpy(), -1).mean(axis=0)  # (h,)
+    return previous, task.partner_attention(weights, symbols).numpy()
+
+
+@seeds.sweep("ch07_two_heads", seeds=range(10), tolerance=0.05)
+def two_heads(seed):
+    """Chapter 7's first experiment from `seed`: two random heads and two identical heads, 400 steps.
+
+    The heads' largest difference (`difference`, `twin_difference`) and the test errors on the
+    (previous, partner) halves (`errors`, `twin_errors`); for the random heads, each head's
+    average weight on the previous token and on the partner (`previous_scores`, `partner_scores`),
+    which head is which (`previous_head`, `partner_head`), the weight of token 0 on the last token
+    in the previous-token head (`wrap`), and the errors with one of the two heads knocked out.
+    """
+    X, Y, symbols = held_out()
+    model, twin = trained_readout(seed), trained_readout(seed, identical=True)
+    previous, partner = relation_scores(model, X, symbols)
+    previous_head, partner_head = int(previous.argmax()), int(partner.argmax())
+    with torch.no_grad():
+        _, weights = model(X, return_weights=True)  # (B, h, T, T)
+        return {"difference": head_difference(model), "twin_difference": head_difference(twin),
+                "errors": TASK.part_losses(model(X), Y), "twin_errors": TASK.part_losses(twin(X), Y),
+                "previous_scores": previous, "partner_scores": partner,
+                "previous_head": previous_head, "partner_head": partner_head,
+                "wrap": weights[:, previous_head, 0, -1].mean().item(),
+                "without_previous_head": TASK.part_losses(model(X, mask=knock_out_mask(2, previous_head)), Y),
+                "without_partner_head": TASK.part_losses(model(X, mask=knock_out_mask(2, partner_head)), Y)}
+
+
+@seeds.sweep("ch07_layouts", seeds=range(10), tolerance=0.05)
+def layouts(seed, steps=250):
+    """Chapter 7's six layouts at two budgets (LAYOUTS), each trained `steps` steps from `seed`.
+
+    For layout h x d_head: `errors_hxd` (previous, partner) on the test sequences and
+    `partner_weights_hxd`, each head's average weight on the partner.
+    """
+    X, Y, symbols = held_out()
+    row = {}
+    for n_heads, d_head in LAYOUTS:
+        model = trained_readout(seed, n_heads, d_head, steps=steps)
+        with torch.no_grad():
+            row[f"errors_{n_heads}x{d_head}"] = TASK.part_losses(model(X), Y)
+        row[f"partner_weights_{n_heads}x{d_head}"] = relation_scores(model, X, symbols)[1]
+    return row
+
+
+def fit(model, optimizer, seed, steps, after_step=None):
+    """`steps` steps of `optimizer` on batches of 64 of TASK drawn with `seed`, mean squared error,
+    as `tasks.train` takes them; returns after_step(model) after each step, as a list."""
+    generator, record = torch.Generator().manual_seed(seed), []
+    for _ in range(steps):
+        inputs, targets = TASK.make_batch(64)(generator)
+        loss = F.mse_loss(model(inputs), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        record.append(after_step(model) if after_step else None)
+    return record
+
+
+@seeds.sweep("ch07_almost_identical", seeds=range(10), tolerance=1e-3)
+def almost_identical(seed, steps=50):
+    """Two identical heads from `seed`, then `steps` steps on batches drawn with `seed`.
+
+    The largest difference between the two heads' W_Q, W_K and W_V at the end, after Adam with
+    head 1's block of W_O doubled at the start (`adam_w_o_doubled`), and after plain SGD at
+    lr 0.1 with nothing changed (`sgd`).
+    """
+    row = {}
+    for name in ("adam_w_o_doubled", "sgd"):
+        torch.manual_seed(seed)
+        model = make_heads_identical(AttentionReadout(TASK.d_in, 2, TASK.d_out))
+        if name == "sgd":
+            fit(model, torch.optim.SGD(model.parameters(), lr=0.1), seed, steps)
+        else:
+            with torch.no_grad():
+                model.attention.heads[1].W_o.weight.mul_(2.0)
+            tasks.train(model, TASK.make_batch(64), steps=steps, lr=0.01, seed=seed)
+        heads = model.attention.heads
+        row[name] = max(float((getattr(heads[0], w).weight - getattr(heads[1], w).weight).detach().abs().max())
+                        for w in ("W_q", "W_k", "W_v"))
+    return row
+
+
+class SlopeNetwork(nn.Module):
+    """Chapter 7's exercise network: branches side by side, each a filter of width 3, a ReLU and
+    a weight with a bias (a convolution of width 1); their outputs are added. (B, 1, T) -> (B, 1, T)."""
+
+    def __init__(self, n_branches=2):
+        super().__init__()
+        self.branches = nn.ModuleList(nn.Sequential(nn.Conv1d(1, 1, 3, padding=1), nn.ReLU(), nn.Conv1d(1, 1, 1))
+                                      for _ in range(n_branches))
+
+    def forward(self, x):
+        out = self.branches[0](x)
+        for branch in self.branches[1:]:
+            out = out + branch(x)
+        return out
+
+
+def slope_signals(generator, batch_size=32, length=16):
+    """Random signals x (B, 1, T) and their targets |x[t + 1] - x[t - 1]| (the ends wrap around)."""
+    x = torch.randn(batch_size, 1, length, generator=generator)
+    return x, (x.roll(-1, dims=-1) - x.roll(1, dims=-1)).abs()
+
+
+@seeds.sweep("ch07_conv_filters", seeds=range(20), tolerance=0.05)
+def conv_filters(seed, steps=300):
+    """The exercise's network from `seed`, trained `steps` steps (lr 0.01, batches drawn with `seed`),
+    from random filters and with branch 1 a copy of branch 0 (`identical_...`).
+
+    `..._gap`: the largest difference between the two filters; `..._loss`: the mean training loss
+    of the last 30 steps; `random_filters`: the two filters (2, 3); `random_active`: for each
+    branch, the share of 256 held-out signals' positions where its ReLU passes something.
+    """
+    probe, _ = slope_signals(torch.Generator().manual_seed(1000), batch_size=256)
+    row = {}
+    for start in ("random", "identical"):
+        torch.manual_seed(seed)
+        network = SlopeNetwork()
+        if start == "identical":
+            network.branches[1].load_state_dict(network.branches[0].state_dict())
+        losses = tasks.train(network, slope_signals, steps=steps, lr=0.01, seed=seed)
+        filters = torch.stack([branch[0].weight.detach()[0, 0] for branch in network.branches])  # (2, 3)
+        row[f"{start}_gap"] = float((filters[0] - filters[1]).abs().max())
+        row[f"{start}_loss"] = float(np.mean(losses[-30:]))
+        if start == "random":
+            row["random_filters"] = filters
+            with torch.no_grad():
+                row["random_active"] = [float((branch[:2](probe) > 0).float().mean()) for branch in network.branches]
+    return row
+
+
+def split_step(gaps, threshold=0.1):
+    """The first step at which the heads' difference exceeds `threshold` (len(gaps) if never)."""
+    above = np.flatnonzero(np.asarray(gaps) > threshold)
+    return int(above[0]) if len(above) else len(gaps)
+
+
+@seeds.sweep("ch07_perturbation", seeds=range(12), tolerance=0.5)
+def perturbation(seed, steps=600, epsilons=(1e-9, 1e-3)):
+    """Two identical heads from `seed`, head 1 nudged by eps times normal noise (drawn with seed 5),
+    then `steps` steps of Adam (lr 0.01) on batches drawn with `seed`; for each eps, e.g. 1e-09:
+
+    `start_gap_1e-09` and `end_gap_1e-09`, the heads' largest difference before and after training;
+    `split_1e-09`, the first step at which it exceeds 0.1, in hundreds of steps (steps / 100 + 0.01
+    if never); `errors_1e-09`, the test errors (previous, partner) at the end.
+    """
+    X, Y, _ = held_out()
+    row = {}
+    for eps in epsilons:
+        torch.manual_seed(seed)
+        model = make_heads_identical(AttentionReadout(TASK.d_in, 2, TASK.d_out))
+        draws = torch.Generator().manual_seed(5)  # the same noise for every seed
+        with torch.no_grad():
+            for p in model.attention.heads[1].parameters():
+                p.add_(eps * torch.randn(p.shape, generator=draws))
+        gaps = [head_difference(model)]
+        gaps += fit(model, torch.optim.Adam(model.parameters(), lr=0.01), seed, steps, after_step=head_difference)
+        with torch.no_grad():
+            errors = TASK.part_losses(model(X), Y)
+        tag = f"{eps:.0e}"
+        row.update({f"start_gap_{tag}": gaps[0], f"end_gap_{tag}": gaps[-1],
+                    f"split_{tag}": split_step(gaps) / 100, f"errors_{tag}": errors})
+    return row
+
+
+# Chapter 6: random (untrained) encoder blocks of width d = 8, h = 2 heads and d_ff = 32, run on
+# the first sentence of its batch.
+BLOCK_SIZES = (8, 2, 32)  # chapter 6's (d, n_heads, d_ff)
+
+
+def sentence_vectors():
+    """Chapter 6's first sentence: the course's vector of each word, (T, d) = (10, 8)."""
+    return tasks.word_vectors(tasks.SENTENCE)
+
+
+def random_blocks(n_blocks, dtype=None):
+    """`n_blocks` untrained `mha.torch.EncoderBlock`s of chapter 6's sizes, drawn one after the other."""
+    return [mt.EncoderBlock(*BLOCK_SIZES, dtype=dtype) for _ in range(n_blocks)]
+
+
+def random_stacks(n_stacks, depth):
+    """`n_stacks` lists of `depth` random blocks' NumPy parameters, drawn stack after stack."""
+    return [[block.numpy_params() for block in random_blocks(depth)] for stack in range(n_stacks)]
+
+
+def token_similarity(Z):
+    """Mean cosine similarity between the rows of Z (T, d), over every pair of different rows."""
+    unit = Z / np.linalg.norm(Z, axis=-1, keepdims=True)  # (T, d), rows of length 1
+    n = len(Z)
+    return float(((unit @ unit.T).sum() - n) / (n * (n - 1)))  # the diagonal holds n ones
+
+
+def block_without_residuals(Z, p, n_heads=2):
+    """Chapter 6's post-norm encoder block minus its two residual sums: LN_2(FF(LN_1(MHA(Z))))."""
+    attention = {k: p[k] for k in ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")}
+    mixed, _ = mnp.multihead_attention(Z, n_heads=n_heads, **attention)
+    Y = mnp.layer_norm(mixed, p["gamma_1"], p["beta_1"])
+    return mnp.layer_norm(mnp.feed_forward(Y, p["W_1"], p["b_1"], p["W_2"], p["b_2"]), p["gamma_2"], p["beta_2"])
+
+
+@seeds.sweep("ch06_residuals", seeds=range(20), tolerance=1e-4)
+def residual_collapse(seed, n_stacks=8, depth=6):
+    """How alike the sentence's words become in `n_stacks` stacks of `depth` random post-norm blocks
+    (torch.manual_seed(seed), then the blocks stack after stack), with and without residual sums.
+
+    `with_residuals` and `without_residuals`: after each block, `token_similarity` averaged over
+    the stacks, (depth,).
+    """
+    X = sentence_vectors()
+    torch.manual_seed(seed)
+    stacks = random_stacks(n_stacks, depth)
+    alike = np.zeros((2, n_stacks, depth))  # with, without residual sums
+    for n, stack in enumerate(stacks):
+        Z_with = Z_without = X
+        for s, p in enumerate(stack):
+            Z_with, _ = mnp.encoder_block(Z_with, BLOCK_SIZES[1], **p)
+            Z_without = block_without_residuals(Z_without, p, BLOCK_SIZES[1])
+            alike[:, n, s] = token_similarity(Z_with), token_similarity(Z_without)
+    return {"with_residuals": alike[0].mean(axis=0), "without_residuals": alike[1].mean(axis=0)}
+
+
+@seeds.sweep("ch06_depth", seeds=range(10), tolerance=1e-4)
+def stream_growth(seed, n_stacks=8, depth=32):
+    """The sentence through `n_stacks` stacks of `depth` random blocks (torch.manual_seed(seed),
+    then the blocks stack after stack), post-norm and pre-norm with the same parameters.
+
+    After each block, averaged over the stacks, (depth,): `<way>_norm`, the mean norm of the
+    token vectors, and `<way>_change`, the mean norm of (output - input) over the mean norm of
+    the input, for way = post, pre.
+    """
+    X = sentence_vectors()
+    torch.manual_seed(seed)
+    stacks = random_stacks(n_stacks, depth)
+    row = {}
+    for way in ("post", "pre"):
+        norm, change = np.zeros((n_stacks, depth)), np.zeros((n_stacks, depth))
+        for n, stack in enumerate(stacks):
+            stream = X
+            for s, p in enumerate(stack):
+                out, _ = mnp.encoder_block(stream, BLOCK_SIZES[1], norm_first=way == "pre", **p)
+                size = np.linalg.norm(stream, axis=-1).mean()
+                change[n, s] = np.linalg.norm(out - stream, axis=-1).mean() / size
+                norm[n, s] = np.linalg.norm(out, axis=-1).mean()
+                stream = out
+        row[f"{way}_norm"], row[f"{way}_change"] = norm.mean(axis=0), change.mean(axis=0)
+    return row
+
+
+@seeds.sweep("ch06_gradients", seeds=range(20), tolerance=1e-4)
+def gradient_through_depth(seed, depth=12):
+    """The norm of the gradient at the input of each of `depth` random blocks (float64,
+    torch.manual_seed(seed)), for the loss sum(output * R), R a fixed normal tensor (seed 99).
+
+    `post_norm`, `pre_norm`: the same blocks with their residual sums, post-norm then pre-norm;
+    `no_residuals`: the post-norm sublayers without the sums. Each (depth,), block 1 first.
+    """
+    X = torch.tensor(sentence_vectors())  # (T, d), float64
+    torch.manual_seed(seed)
+    blocks = random_blocks(depth, dtype=torch.float64)
+    probe = torch.randn(X.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(99))
+    row = {}
+    for way in ("post_norm", "pre_norm", "no_residuals"):
+        stream, block_inputs = X.clone().requires_grad_(True), []
+        for block in blocks:
+            block.norm_first = way == "pre_norm"
+            block_inputs.append(stream)
+            if way == "no_residuals":
+                stream = block.norm_2(block.feed_forward(block.norm_1(block.attention(stream))))
+            else:
+                stream = block(stream)
+        grads = torch.autograd.grad((stream * probe).sum(), block_inputs)
+        row[way] = [float(g.norm()) for g in grads]
+    for block in blocks:
+        block.norm_first = False
+    return row

@@ -1,0 +1,152 @@
+"""Chapter 6's claims over seeds (CONTRIBUTING.md, "Claims hold beyond the case tried").
+
+The cheap draws (a random array, random blocks, random positions) are drawn again here on
+many seeds. The three sweeps of random stacks, "ch06_residuals", "ch06_depth" and
+"ch06_gradients" (mha.experiments.heads), are asserted on every stored row, and one row of
+each is re-derived. Every assert of the chapter holds on every seed below.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import mha.numpy as mnp
+import mha.torch as mt
+from mha.experiments import heads, seeds, tasks
+
+X = heads.sentence_vectors()  # (T, d): the chapter's first sentence
+T, D = X.shape
+D_MODEL, H, D_FF = heads.BLOCK_SIZES
+SEEDS = range(20)
+SCALES = (0, 0.25, 0.5, 1, 2, 4)  # the word-order exercise's scales of P
+FUNCTION_WORDS = {"am", "to", "my", "at", "the"}
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def block_params(seed):
+    torch.manual_seed(seed)
+    return mt.EncoderBlock(D_MODEL, H, D_FF).numpy_params()
+
+
+def test_only_batch_norm_depends_on_the_rest_of_the_batch_on_every_draw():
+    """Cells 'LayerNorm versus BatchNorm': any draw of the (B, T, d) array, not only seed 2."""
+    scale, shift = np.array([1.0, 2.0, 4.0, 8.0]), np.array([0.0, 5.0, -5.0, 10.0])
+    for seed in SEEDS:
+        A = np.round(np.random.default_rng(seed).normal(size=(2, 3, 4)) * scale + shift, 1)
+        reference = torch.nn.LayerNorm(4, dtype=torch.float64)(torch.tensor(A)).detach().numpy()
+        assert np.abs(mnp.layer_norm(A[:1], np.ones(4), np.zeros(4)) - reference[:1]).max() < 1e-12
+        norm = torch.nn.BatchNorm1d(4, dtype=torch.float64).train()
+        batch = norm(torch.tensor(A).transpose(1, 2)).transpose(1, 2).detach().numpy()
+        alone = norm(torch.tensor(A[:1]).transpose(1, 2)).transpose(1, 2).detach().numpy()
+        assert np.abs(alone - batch[:1]).max() > 0.1, seed
+        centred = A - A.mean(axis=-1, keepdims=True)
+        unbiased = centred / np.sqrt(A.var(axis=-1, ddof=1, keepdims=True) + 1e-5)
+        eps_outside = centred / (A.std(axis=-1, keepdims=True) + 1e-5)
+        assert np.abs(unbiased - reference).max() > 0.1 > 1e-4 > np.abs(eps_outside - reference).max(), seed
+
+
+def test_the_feed_forward_network_changes_only_the_edited_token_on_every_draw():
+    for seed in SEEDS:
+        rng = np.random.default_rng(seed)
+        W_1, W_2 = rng.normal(size=(D, D_FF)) / np.sqrt(D), rng.normal(size=(D_FF, D)) / np.sqrt(D_FF)
+        edited = X.copy()
+        edited[4] += 1.0
+        change = np.abs(mnp.feed_forward(edited, W_1, None, W_2, None) - mnp.feed_forward(X, W_1, None, W_2, None))
+        assert np.flatnonzero(change.max(axis=-1) > 0).tolist() == [4], seed
+
+
+def test_padding_noise_never_reaches_the_real_tokens_and_a_causal_mask_breaks_the_symmetry():
+    mask = mnp.padding_mask([6], T)[0]  # (1, 1, T): the padded second sentence's 6 real words
+    padded = np.zeros((T, D))
+    padded[:6] = tasks.word_vectors("my money is at the bank".split())
+    for seed in SEEDS:
+        p = block_params(seed)
+        noisy = padded.copy()
+        noisy[6:] = np.random.default_rng(seed).normal(size=(T - 6, D))
+        clean, _ = mnp.encoder_block(padded, H, mask=mask, **p)
+        moved, _ = mnp.encoder_block(noisy, H, mask=mask, **p)
+        assert np.abs(moved[:6] - clean[:6]).max() < 1e-12 < np.abs(moved[6:] - clean[6:]).max()
+        forward, _ = mnp.encoder_block(X, H, **p)
+        backward, _ = mnp.encoder_block(X[::-1], H, **p)
+        assert np.abs(backward - forward[::-1]).max() < 1e-12
+        causal_fwd, _ = mnp.encoder_block(X, H, mask=mnp.causal_mask(T), **p)
+        causal_bwd, _ = mnp.encoder_block(X[::-1], H, mask=mnp.causal_mask(T), **p)
+        assert np.abs(causal_bwd - causal_fwd[::-1]).max() > 0.1, seed
+
+
+def test_without_residual_sums_the_words_collapse_on_every_seed():
+    without = seeds.column("ch06_residuals", "without_residuals")  # (seeds, 6 blocks)
+    kept = seeds.column("ch06_residuals", "with_residuals")
+    assert len(without) >= 20
+    assert without[:, 0].min() > 0.95 and without[:, 1].min() > 0.999  # the chapter's assert, every seed
+    assert kept.max() < 0.6 and (kept[:, 5] > kept[:, 0]).all()
+    assert kept[:, 5].max() < 0.54  # "at most 0.53 after six blocks"
+
+
+def test_a_row_of_the_residual_sweep_is_rederived():
+    _, _, gap = seeds.rederive("ch06_residuals", 11)  # the chapter's seed
+    assert gap <= seeds.get_sweep("ch06_residuals").tolerance
+
+
+def order_test(params, P):
+    """(order effects, recognised words) for each scale of SCALES, as the exercise measures them."""
+    effects, hits = [], []
+    for a in SCALES:
+        out_fwd, _ = mnp.encoder_block(X + a * P, H, **params)
+        back = mnp.encoder_block(X[::-1] + a * P, H, **params)[0][::-1]
+        effects.append(np.abs(back - out_fwd).max())
+        nearest = np.linalg.norm(back[:, None, :] - out_fwd[None, :, :], axis=-1).argmin(axis=1)
+        hits.append(nearest == np.arange(T))
+    return np.array(effects), np.array(hits)  # (scales,), (scales, T)
+
+
+def test_positions_break_the_symmetry_and_drown_the_words_over_100_draws():
+    params = block_params(0)  # the chapter's params
+    results = [order_test(params, np.random.default_rng(seed).normal(size=(T, D))) for seed in range(100)]
+    counts = np.array([hits.sum(axis=1) for _, hits in results])  # (draws, scales)
+    shown = counts[5]  # the draw of the exercise, seed 5
+    assert shown[2] == 5 and shown[4] == shown[5] == 0  # "only half at a = 0.5, from a = 2 none"
+    assert (counts[:, 0] == 10).all()
+    assert counts[:, 2].min() == 3 and counts[:, 2].max() == 8  # "3 to 8 words survive at a = 0.5"
+    assert counts[:, 4].max() == 3 and counts[:, 5].max() == 1  # "at most 3 at a = 2, at most 1 at a = 4"
+    for effects, _ in results:
+        assert effects[0] < 1e-12 and (np.diff(effects[:4]) > 0).all()  # grows with a, up to a = 1
+    lost = [tasks.SENTENCE[t] for _, hits in results for t in np.flatnonzero(~hits[1])]  # at a = 0.25
+    assert 0.9 < np.mean([word in FUNCTION_WORDS for word in lost]) < 0.97  # "more than nine of every ten"
+    lost_shown = {tasks.SENTENCE[t] for t in np.flatnonzero(~results[5][1][1])}
+    assert lost_shown == {"am", "to", "the"}
+
+
+def test_the_post_norm_stream_keeps_its_size_and_the_pre_norm_stream_grows():
+    stored = {key: seeds.column("ch06_depth", key) for key in ("post_norm", "post_change", "pre_norm", "pre_change")}
+    assert len(stored["pre_norm"]) >= 10
+    assert np.allclose(stored["post_norm"], np.sqrt(D), atol=1e-3)  # the chapter's assert
+    assert 0.25 < stored["post_change"][:, 1:].min() and stored["post_change"][:, 1:].max() < 0.5
+    assert 2.4 < stored["pre_norm"][:, 0].min() and stored["pre_norm"][:, 0].max() < 2.7
+    assert 5.8 < stored["pre_norm"][:, 31].min() and stored["pre_norm"][:, 31].max() < 8.35
+    assert 0.4 < stored["pre_change"][:, 0].min() and stored["pre_change"][:, 0].max() < 0.5
+    assert 0.155 < stored["pre_change"][:, 31].min() and stored["pre_change"][:, 31].max() < 0.275
+    shown = seeds.load("ch06_depth")["rows"][7]  # the exercise's seed: "about 2.4 ... about 7.4"
+    assert shown["seed"] == 7 and round(shown["pre_norm"][0], 1) == 2.4 and round(shown["pre_norm"][31], 1) == 7.4
+
+
+def test_a_row_of_the_depth_sweep_is_rederived():
+    _, _, gap = seeds.rederive("ch06_depth", 7)
+    assert gap <= seeds.get_sweep("ch06_depth").tolerance
+
+
+def test_without_residual_sums_the_gradient_is_weaker_at_block_1_on_every_seed():
+    flow = {key: seeds.column("ch06_gradients", key) for key in ("post_norm", "pre_norm", "no_residuals")}
+    weaker = flow["no_residuals"][:, -1] / flow["no_residuals"][:, 0]
+    assert len(weaker) >= 20 and weaker.min() > 1  # the chapter's assert
+    assert 3 < weaker.min() < 4 and 250 < np.median(weaker) < 350 and 15_000 < weaker.max() < 19_000
+    assert round(weaker[3]) == 124  # the exercise's seed 3
+    assert (flow["post_norm"].max(axis=1) / flow["post_norm"].min(axis=1)).max() < 2.5
+    pre_growth = flow["pre_norm"][:, 0] / flow["pre_norm"][:, -1]
+    assert 1.0 < pre_growth.min() and pre_growth.max() < 1.8
+
+
+def test_a_row_of_the_gradient_sweep_is_rederived():
+    _, _, gap = seeds.rederive("ch06_gradients", 3)
+    assert gap <= seeds.get_sweep("ch06_gradients").tolerance

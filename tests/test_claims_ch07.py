@@ -1,0 +1,128 @@
+"""Chapter 7's claims over seeds (CONTRIBUTING.md, "Claims hold beyond the case tried").
+
+The chapter trains small models on one seed and reads the same trainings on many seeds from
+the stored tables of five sweeps (mha.experiments.heads): "ch07_two_heads", "ch07_layouts",
+"ch07_almost_identical", "ch07_conv_filters" and "ch07_perturbation". Here every sentence and
+every assert of the chapter is checked on every stored row, and one row of each sweep, the
+chapter's own seed, is trained again on this machine and compared within the sweep's
+tolerance. (The exact claim, identical heads staying identical bit for bit, is tests/test_heads.py.)
+"""
+
+import numpy as np
+import pytest
+
+from mha.experiments import heads, seeds
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def within_tolerance(name, rederived):
+    """The fresh row of seeds.rederive(name, seed), once it is within the sweep's tolerance."""
+    _, fresh, gap = rederived
+    assert gap <= seeds.get_sweep(name).tolerance, f"{name}, seed {fresh['seed']}: {gap:.3g} apart"
+    return fresh
+
+
+def test_random_heads_split_and_identical_heads_stay_one_head_on_every_seed():
+    column = lambda key: seeds.column("ch07_two_heads", key)  # noqa: E731
+    assert len(column("difference")) >= 10
+    assert (column("twin_difference") == 0).all() and column("difference").min() > 1
+    assert column("errors").max() < 0.05
+    twin = column("twin_errors")
+    assert twin[:, 0].max() < 0.1 and twin[:, 1].min() > 0.85  # "its error on that half stays near 1"
+    assert (column("previous_head") != column("partner_head")).all()
+    assert 0 < (column("previous_head") == 0).sum() < len(twin)  # "the two may swap"
+    assert min(column("previous_scores").max(axis=1).min(), column("partner_scores").max(axis=1).min(),
+               column("wrap").min()) > 0.9
+    for knocked, kept in (("without_previous_head", 1), ("without_partner_head", 0)):
+        errors = column(knocked)
+        assert 0.95 < errors[:, 1 - kept].min() and errors[:, 1 - kept].max() < 1.05  # "about 1"
+        assert errors[:, kept].max() < 0.05
+
+
+def test_a_row_of_the_two_heads_sweep_is_rederived():
+    fresh = within_tolerance("ch07_two_heads", seeds.rederive("ch07_two_heads", 0))  # the chapter's seed
+    assert fresh["twin_difference"] == 0.0
+
+
+def test_one_head_fails_and_two_heads_beat_four_at_an_equal_budget_on_every_seed():
+    stored = lambda key, layout: seeds.column("ch07_layouts", f"{key}_{layout[0]}x{layout[1]}")  # noqa: E731
+    errors = {layout: stored("errors", layout) for layout in heads.LAYOUTS}
+    weights = {layout: stored("partner_weights", layout) for layout in heads.LAYOUTS}
+    assert len(errors[1, 20]) >= 10
+    for one_head in ((1, 20), (1, 40)):
+        assert errors[one_head].min() > 0.4  # "above 0.4 on both halves"
+        assert 0.45 < weights[one_head].min() and weights[one_head].max() < 0.55  # "about half"
+    assert max(errors[layout][:, 0].max() for layout in heads.LAYOUTS if layout[0] > 1) < 0.02
+    partner = {layout: e[:, 1] for layout, e in errors.items()}
+    assert (partner[4, 5] / partner[2, 10]).min() > 2 and (partner[4, 10] / partner[2, 20]).min() > 2
+    assert (partner[2, 20] < partner[2, 10]).all() and (partner[4, 10] < partner[4, 5]).all()
+    best_of_two = weights[2, 10].max(axis=1)
+    assert 0.845 <= best_of_two.min() and best_of_two.max() < 0.905  # "0.85 to 0.90 of its weight"
+    sharing = (weights[4, 5] > 0.3).sum(axis=1)
+    assert sharing.min() == 1 and sharing.max() == 3  # "one to three heads give it more than 0.3"
+    assert weights[4, 5].max() < 0.705  # "the best of them gets at most 0.70"
+
+
+def test_a_row_of_the_layouts_sweep_is_rederived():
+    within_tolerance("ch07_layouts", seeds.rederive("ch07_layouts", 0))
+
+
+def test_unequal_w_o_blocks_split_the_heads_and_sgd_keeps_them_equal_on_every_seed():
+    apart = seeds.column("ch07_almost_identical", "adam_w_o_doubled")
+    assert len(apart) >= 10 and 0.08 <= apart.min() and apart.max() < 0.225  # "0.08 to 0.22"
+    assert (seeds.column("ch07_almost_identical", "sgd") == 0).all()
+
+
+def test_a_row_of_the_almost_identical_sweep_is_rederived():
+    fresh = within_tolerance("ch07_almost_identical", seeds.rederive("ch07_almost_identical", 0))
+    assert fresh["sgd"] == 0.0
+
+
+def test_random_filters_split_on_some_seeds_and_identical_filters_never_do():
+    column = lambda key: seeds.column("ch07_conv_filters", key)  # noqa: E731
+    random_loss, identical_loss, active = column("random_loss"), column("identical_loss"), column("random_active")
+    filters = column("random_filters")
+    slopes = filters[:, :, 2] - filters[:, :, 0]
+    assert len(random_loss) == 20
+    # the asserts of the chapter's cell, on every seed
+    assert (column("identical_gap") == 0).all() and identical_loss.min() > 0.47  # "never below 0.47"
+    assert column("random_gap").min() > 0.1 and (random_loss < identical_loss + 0.01).all()
+    # the counts of the solution's sentences
+    found, one_way, nothing = random_loss < 0.2, (0.2 <= random_loss) & (random_loss < 0.6), random_loss >= 0.6
+    opposite = found & (slopes[:, 0] * slopes[:, 1] < 0) & (active.min(axis=1) < 0.6)
+    assert (found.sum(), opposite.sum(), one_way.sum(), nothing.sum()) == (9, 6, 5, 6)
+    assert (active[found & ~opposite].max(axis=1) > 0.9).all()  # the other branch lets almost everything through
+    assert (np.abs(random_loss[nothing] - (2 - 4 / np.pi)) < 0.02).all()  # "near 0.73, the average's loss"
+    assert (nothing & (active.min(axis=1) < 0.05)).sum() >= 4  # "on most of these, a closed ReLU"
+    shown = seeds.load("ch07_conv_filters")["rows"][3]  # the run shown: seed 3
+    assert shown["seed"] == 3 and opposite[3] and abs(shown["random_loss"] - 0.09) < 0.01
+
+
+def test_a_row_of_the_conv_filters_sweep_is_rederived():
+    fresh = within_tolerance("ch07_conv_filters", seeds.rederive("ch07_conv_filters", 3))
+    assert fresh["identical_gap"] == 0.0
+
+
+def test_every_perturbation_grows_and_the_smaller_one_needs_longer_on_every_seed():
+    column = lambda key: seeds.column("ch07_perturbation", key)  # noqa: E731
+    split = {tag: np.round(100 * column(f"split_{tag}")) for tag in ("1e-03", "1e-09")}
+    grown = {tag: column(f"end_gap_{tag}") / column(f"start_gap_{tag}") for tag in split}
+    errors = {tag: column(f"errors_{tag}") for tag in split}
+    assert len(split["1e-09"]) == 12
+    # the asserts of the chapter's cells, on every seed
+    assert (column("start_gap_1e-09") < 1e-8).all() and (column("start_gap_1e-03") < 1e-2).all()
+    assert grown["1e-03"].min() > 100 and grown["1e-09"].min() > 1e5  # "several hundredfold", "five orders"
+    assert errors["1e-03"].max() < 0.05 and errors["1e-09"][:, 0].max() < 0.05
+    assert (split["1e-09"] > split["1e-03"]).all()
+    # the sentences of the solution
+    assert (split["1e-03"].min(), split["1e-03"].max()) == (38, 95)
+    within = split["1e-09"] <= 600
+    assert within.sum() == 11 and (split["1e-09"][within].min(), split["1e-09"][within].max()) == (339, 596)
+    solved = errors["1e-09"].max(axis=1) < 0.05
+    assert solved.sum() == 10 and (errors["1e-09"][~solved, 1] > 0.9).all()  # "still near 1"
+
+
+def test_a_row_of_the_perturbation_sweep_is_rederived():
+    fresh = within_tolerance("ch07_perturbation", seeds.rederive("ch07_perturbation", 0))  # the chapter's run
+    assert max(fresh["errors_1e-09"]) < 0.05

@@ -1,5 +1,6 @@
-"""Chapter 11's experiment: the data, the training (its claims over several seeds), the head scores, the
-knock-outs, and the shipped weights that the chapter reads."""
+"""Chapter 11's experiment: the data, the training, the head scores, the knock-outs, and the shipped weights
+that the chapter reads ("this model"). The chapter's claims over seeds, on the stored table of ten models, are
+asserted in tests/test_claims_ch11.py."""
 
 import shutil
 import subprocess
@@ -81,40 +82,45 @@ def held_out():
     return induction.segment_and_repeat(np.random.default_rng(1234), 200, 12)
 
 
-@pytest.fixture(scope="module")
-def live_models():
-    """The chapter's live training, 800 steps, for three seeds: {seed: (float64 parameters, losses)}."""
-    torch.set_num_threads(1)
-    trained = {}
-    for seed in (0, 1, 2):
-        model, losses = induction.train_induction(steps=800, seed=seed, progress=False)
-        trained[seed] = model.double().numpy_params(), losses
-    return trained
+def test_on_step_sees_every_step_and_a_longer_run_begins_as_a_shorter_one():
+    """The schedule does not depend on the number of steps: step 3 of a 6-step run is a 3-step run."""
+    config = replace(induction.InductionConfig(), batch_size=4)
+    seen = {}
+
+    def keep(step, model):
+        seen[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    induction.train_induction(config, 6, seed=3, progress=False, on_step=keep)
+    short, _ = induction.train_induction(config, 3, seed=3, progress=False)
+    assert sorted(seen) == [1, 2, 3, 4, 5, 6]
+    assert all(torch.equal(v, seen[3][k]) for k, v in short.state_dict().items())
+    assert not all(torch.equal(v, seen[6][k]) for k, v in short.state_dict().items())
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_claims_of_the_live_training_hold_for_several_seeds(seed, live_models, held_out):
-    """The chapter trains 800 steps live and asserts these claims; they hold with margins for every seed."""
-    params, losses = live_models[seed]
-    losses_per_position = induction.next_token_losses(params, held_out)
-    first, repeat = losses_per_position[:, :11].mean(), losses_per_position[:, 12:].mean()
-    _, weights = mnp.decoder_only_transformer(held_out, **params)
-    previous, copying = induction.previous_token_scores(weights, 12), induction.induction_scores(weights, 12)
-    assert first > 3.0 and repeat < 0.5
-    assert previous[0].max() > 0.7 and copying[1].min() > 0.6
-    assert losses[0] > 3.0 and np.mean(losses[-100:]) < 1.3
+def test_the_weight_after_the_earlier_copy_follows_a_shuffled_repeat():
+    """Hand-made weights: block 1 looks t - L + 1 back (a fixed distance), block 2 after the earlier copy."""
+    L, T = 3, 6
+    tokens = np.array([[0, 1, 2, 2, 0, 1]])  # the repeat is shuffled: 2 0 1
+    weights = np.zeros((2, 1, 1, T, T))  # (n_layers, B, h, T, T)
+    weights[0, 0, 0, np.arange(T), np.maximum(np.arange(T) - L + 1, 0)] = 1
+    weights[1, 0, 0, [3, 4, 5], [3, 1, 2]] = 1  # 2 -> after position 2; 0 -> position 1; 1 -> position 2
+    assert np.array_equal(induction.after_copy_weights(weights, tokens, L), [[0.0], [1.0]])
+    assert np.array_equal(induction.induction_scores(weights, L), [[1.0], [0.0]])
 
 
-def test_knocking_out_the_strongest_previous_token_head_breaks_copying_in_a_second_model(live_models, held_out):
-    """The chapter's Predict exercise (seed 1, 800 steps): block 1's two heads both look back, but only the
-    stronger one is needed; each induction head alone almost suffices."""
-    params, _ = live_models[1]
-    _, weights = mnp.decoder_only_transformer(held_out, **params)
-    previous = induction.previous_token_scores(weights, 12)
-    knocked = induction.knock_out_losses(params, held_out, 12)
-    assert previous[0].min() > 0.5, "both heads of block 1 look back"
-    assert knocked[0].argmax() == previous[0].argmax() and knocked[0].max() > 2.0
-    assert knocked[0].min() < 1.0 and knocked[1].max() < 1.5
+def test_the_previous_token_score_of_the_whole_sequence():
+    L, T = 4, 8
+    weights = np.zeros((1, 1, 1, T, T))
+    weights[0, 0, 0, np.arange(1, L), np.arange(L - 1)] = 1  # looks back in the first segment only
+    assert induction.previous_token_scores(weights, L)[0, 0] == 1.0
+    assert np.isclose(induction.previous_token_scores(weights, L, whole_sequence=True)[0, 0], 3 / 7)
+
+
+def test_the_held_out_sequences_are_the_chapters():
+    sequences = induction.held_out_sequences()
+    assert {k: v.shape for k, v in sequences.items()} == {"repeat": (200, 24), "shuffled": (200, 24), "runs": (200, 24)}
+    assert np.array_equal(sequences["shuffled"][:, :12], sequences["repeat"][:, :12])
+    assert np.array_equal(sequences["runs"], induction.alphabet_runs(np.random.default_rng(5), 200, 12))
 
 
 # The shipped weights: what the chapter prints, in float64, the same on every CPU -------------------
@@ -160,8 +166,8 @@ def test_the_shipped_model_copies_and_its_knock_outs(shipped, held_out):
     losses = induction.next_token_losses(params, held_out)
     assert losses[:, :11].mean() > 3.0 and losses[:, 12:].mean() < 0.05
     knocked = induction.knock_out_losses(params, held_out, 12)
-    assert knocked[0, 0] > 3.0, "without the previous-token head, nothing is copied"
-    assert knocked[0, 1] < 0.5 and knocked[1].max() < 1.0, "each induction head alone almost suffices"
+    assert knocked[0, 0] > 3.0, "in this model, without the previous-token head, nothing is copied"
+    assert knocked[0, 1] < 0.5 and knocked[1].max() < 1.0, "in this model, each induction head alone almost suffices"
     runs = induction.alphabet_runs(np.random.default_rng(5), 200, 12)
     assert induction.repeat_loss(params, runs, 12) < 0.05, "it copies pairs it never saw in training"
 
@@ -175,6 +181,7 @@ def test_the_shipped_model_continues_a_repeated_segment(shipped):
 
     out = mnp.generate_greedy(logits_fn, np.concatenate([segment, segment]), 14, max_len=32)
     assert induction.spell(out) == "kvbzqhtp" * 3 + "kvbzqh"
+    assert [induction.letters_copied(params, text) for text in induction.PROMPTS] == [16, 16, 0]
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -189,7 +196,7 @@ def test_save_and_load_round_trip(tmp_path):
                           mnp.decoder_only_transformer(tokens, **params)[0])
 
 
-def test_the_weights_ship_in_the_wheel(tmp_path):
+def test_the_weights_and_the_table_over_seeds_ship_in_the_wheel(tmp_path):
     """Chapter 11 reads them in Colab, where mha is pip-installed without the repository."""
     checkout = tmp_path / "checkout"
     checkout.mkdir()
@@ -202,3 +209,4 @@ def test_the_weights_ship_in_the_wheel(tmp_path):
     wheel, = tmp_path.glob("mha-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         assert "mha/experiments/induction_model.npz" in archive.namelist()
+        assert "mha/experiments/seed_tables/ch11_knockouts.json" in archive.namelist()

@@ -9,12 +9,17 @@
   pair of neighbours in an alphabet run is new to the model.
 - `train_induction`: AdamW with Vaswani et al.'s warm-up, a printed progress bar.
 - Reading the heads (NumPy, float64): `previous_token_scores`, `induction_scores`,
-  `repeat_loss` with heads knocked out, and the weights shipped with the library
-  (`trained_params`), written by tools/train_induction.py.
+  `after_copy_weights`, `repeat_loss` with heads knocked out, and the weights shipped with the
+  library (`trained_params`), written by tools/train_induction.py.
+- Every seed: `read_model` measures all of the above on the chapter's `held_out_sequences`, and
+  the sweep "ch11_knockouts" (`knock_outs_over_seeds`) does so for ten seeds trained like the
+  shipped model (seed 0 is the shipped model); tools/train_induction.py --seeds stores its table.
 """
 
+import copy
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +28,7 @@ import torch
 
 import mha.numpy as mnp
 import mha.torch as mt
+from mha.experiments import seeds
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 WEIGHTS = Path(__file__).with_name("induction_model.npz")  # written by tools/train_induction.py
@@ -104,12 +110,15 @@ def progress_bar(step, steps, loss, seconds, width=24):
     return f"step {step:{len(str(steps))}d}/{steps} [{bar}] loss {loss:.3f} {seconds:5.1f} s"
 
 
-def train_induction(config=InductionConfig(), steps=2000, *, seed=0, progress=True, report_every=None):
+def train_induction(config=InductionConfig(), steps=2000, *, seed=0, progress=True, report_every=None,
+                    on_step=None):
     """Train `config.model()` on `periodic_segments` with AdamW and `mt.warmup_schedule`.
 
     The random start comes from torch.manual_seed(seed), the batches from NumPy's generator
     seeded with `seed`: the same arguments give the same model on the same machine. With
-    `progress`, prints a bar every `report_every` steps (a tenth of them by default).
+    `progress`, prints a bar every `report_every` steps (a tenth of them by default); `on_step`,
+    if given, is called as on_step(step, model) after every step. The schedule does not depend
+    on `steps`, so the first 800 steps of a longer run are an 800-step run.
     Returns the model and the loss of every step.
     """
     torch.manual_seed(seed)
@@ -127,6 +136,8 @@ def train_induction(config=InductionConfig(), steps=2000, *, seed=0, progress=Tr
         optimizer.step()
         schedule.step()
         losses.append(loss.item())
+        if on_step is not None:
+            on_step(step, model)
         if progress and (step % report_every == 0 or step == steps):
             print(progress_bar(step, steps, np.mean(losses[-report_every:]), time.perf_counter() - start), flush=True)
     return model.eval(), losses
@@ -142,10 +153,11 @@ def mean_weight(weights, keys, queries):
     return picked.mean(axis=(1, 3))
 
 
-def previous_token_scores(weights, L):
+def previous_token_scores(weights, L, *, whole_sequence=False):
     """On sequences made of a segment and its repeat (T = 2L): the mean weight of the queries of the
-    first segment, t = 1 .. L - 1, on the token before them, t - 1. (n_layers, h)."""
-    queries = np.arange(1, L)
+    first segment, t = 1 .. L - 1, on the token before them, t - 1. (n_layers, h).
+    With whole_sequence, the mean over the queries of the repeat too, t = 1 .. 2L - 1."""
+    queries = np.arange(1, 2 * L if whole_sequence else L)
     return mean_weight(weights, queries - 1, queries)
 
 
@@ -155,6 +167,15 @@ def induction_scores(weights, L):
     own token. (n_layers, h)."""
     queries = np.arange(L, 2 * L)
     return mean_weight(weights, queries - L + 1, queries)
+
+
+def after_copy_weights(weights, tokens, L):
+    """The mean weight that the queries of the repeat, t = L .. 2L - 1, give to the position just after
+    the earlier copy of their own token, wherever it is (the repeat may be shuffled). (n_layers, h)."""
+    earlier = np.argmax(tokens[:, None, :L] == tokens[:, L:, None], axis=-1)  # (B, L): the earlier copy
+    after_copy = (earlier + 1)[None, :, None, :, None]  # (1, B, 1, L, 1): the position after it
+    picked = np.take_along_axis(weights[..., L:, :], after_copy, axis=-1)  # (n_layers, B, h, L, 1)
+    return picked.mean(axis=(1, 3, 4))
 
 
 def next_token_losses(params, tokens, head_mask=None):
@@ -212,3 +233,78 @@ def load_params(path=WEIGHTS, dtype=np.float64):
 def trained_params():
     """The shipped weights (float64) and their notes."""
     return load_params(WEIGHTS)
+
+
+# Every seed: chapter 11's table (tools/train_induction.py --seeds writes it) ------------------------
+
+LIVE_STEPS, SHIPPED_STEPS = 800, 2000  # the chapter's live training; the shipped weights and the table
+PROMPTS = ("kvbzqhtp", "mnopqrst", "transformer")  # each written twice, then continued up to 32 letters
+
+
+def held_out_sequences(n=200, L=12):
+    """The chapter's test sequences, (n, 2L) each, from generators that training never uses: a segment
+    and its repeat, the same segments with the repeat shuffled, and alphabet runs."""
+    return {"repeat": segment_and_repeat(np.random.default_rng(1234), n, L),
+            "shuffled": segment_and_repeat(np.random.default_rng(1234), n, L, shuffle_repeat=True),
+            "runs": alphabet_runs(np.random.default_rng(5), n, L)}
+
+
+def letters_copied(params, text, max_len=32):
+    """Prompt with `text` written twice and continue greedily up to max_len letters: how many new
+    letters continue the cycle before the first slip."""
+    prompt = np.array([LETTERS.index(c) for c in text] * 2)
+    written = mnp.generate_greedy(lambda t: mnp.decoder_only_transformer(t, **params)[0], prompt,
+                                  max_len - len(prompt), max_len=max_len)[len(prompt):]
+    right = written == np.resize(prompt[:len(text)], len(written))  # the cycle, continued
+    return int(np.argmin(right)) if not right.all() else len(written)
+
+
+def read_model(params, L=12):
+    """What chapter 11 measures on a model (float64 parameters), on `held_out_sequences`: losses,
+    the heads' scores, the knock-outs, copying alphabet runs and continuing the PROMPTS."""
+    held_out = held_out_sequences(L=L)
+    tokens, shuffled = held_out["repeat"], held_out["shuffled"]
+    per_position, runs = next_token_losses(params, tokens), next_token_losses(params, held_out["runs"])
+    _, weights = mnp.decoder_only_transformer(tokens, **params)  # (n_layers, B, h, T, T)
+    _, shuffled_weights = mnp.decoder_only_transformer(shuffled, **params)
+    previous, knocked = previous_token_scores(weights, L), knock_out_losses(params, tokens, L)
+    block_2_off = np.ones(knocked.shape, dtype=bool)
+    block_2_off[1] = False
+    return {"first_loss": per_position[:, :L - 1].mean(), "repeat_loss": per_position[:, L:].mean(),
+            "previous": previous, "previous_whole": previous_token_scores(weights, L, whole_sequence=True),
+            "induction": induction_scores(weights, L), "induction_shuffled": induction_scores(shuffled_weights, L),
+            "after_copy_shuffled": after_copy_weights(shuffled_weights, shuffled, L),
+            "knocked": knocked, "previous_head_knocked": knocked[0, previous[0].argmax()],
+            "block_2_off": repeat_loss(params, tokens, L, block_2_off),
+            "runs_first_loss": runs[:, :L - 1].mean(), "runs_repeat_loss": runs[:, L:].mean(),
+            "copied": [letters_copied(params, text) for text in PROMPTS]}
+
+
+@contextmanager
+def one_thread():
+    """Train on one thread (the same sums in the same order on every run), then restore the setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@seeds.sweep("ch11_knockouts", seeds=range(10), tolerance=0.25)
+def knock_outs_over_seeds(seed):
+    """One row of chapter 11's table: the model of `seed`, trained like the shipped one (seed 0 is the
+    shipped model), read by `read_model` after LIVE_STEPS (keys "live_...") and SHIPPED_STEPS, and its
+    training curve, the mean loss over each 50 steps."""
+    kept = {}
+
+    def keep_live(step, model):
+        if step == LIVE_STEPS:
+            kept["live"] = copy.deepcopy(model).double().numpy_params()
+
+    with one_thread():
+        model, losses = train_induction(InductionConfig(), SHIPPED_STEPS, seed=seed, progress=False,
+                                        on_step=keep_live)
+    row = read_model(model.double().numpy_params())
+    row.update({f"live_{key}": value for key, value in read_model(kept["live"]).items()})
+    return {**row, "curve": np.mean(np.reshape(losses, (-1, 50)), axis=1)}

@@ -2,7 +2,7 @@
 
 The cheap draws (a random array, random blocks, random positions) are drawn again here on
 many seeds. The three sweeps of random stacks, "ch06_residuals", "ch06_depth" and
-"ch06_gradients" (mha.experiments.heads), are asserted on every stored row, and one row of
+"ch06_gradients" (mha.experiments.stacks), are asserted on every stored row, and one row of
 each is re-derived. Every assert of the chapter holds on every seed below.
 """
 
@@ -12,11 +12,11 @@ import torch
 
 import mha.numpy as mnp
 import mha.torch as mt
-from mha.experiments import heads, seeds, tasks
+from mha.experiments import seeds, stacks, tasks
 
-X = heads.sentence_vectors()  # (T, d): the chapter's first sentence
+X = stacks.sentence_vectors()  # (T, d): the chapter's first sentence
 T, D = X.shape
-D_MODEL, H, D_FF = heads.BLOCK_SIZES
+D_MODEL, H, D_FF = stacks.BLOCK_SIZES
 SEEDS = range(20)
 SCALES = (0, 0.25, 0.5, 1, 2, 4)  # the word-order exercise's scales of P
 FUNCTION_WORDS = {"am", "to", "my", "at", "the"}
@@ -150,3 +150,15 @@ def test_without_residual_sums_the_gradient_is_weaker_at_block_1_on_every_seed()
 def test_a_row_of_the_gradient_sweep_is_rederived():
     _, _, gap = seeds.rederive("ch06_gradients", 3)
     assert gap <= seeds.get_sweep("ch06_gradients").tolerance
+
+
+def test_token_similarity_and_the_block_without_residual_sums():
+    assert stacks.token_similarity(np.ones((4, 3))) == pytest.approx(1.0)
+    assert stacks.token_similarity(np.eye(3)) == pytest.approx(0.0)
+    torch.manual_seed(0)
+    block = stacks.random_blocks(1)[0]
+    X = stacks.sentence_vectors()
+    with torch.no_grad():
+        expected = block.norm_2(block.feed_forward(block.norm_1(block.attention(torch.tensor(X, dtype=torch.float32)))))
+    got = stacks.block_without_residuals(X, block.numpy_params())
+    assert np.abs(got - expected.numpy()).max() < 1e-5

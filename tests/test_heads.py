@@ -211,18 +211,6 @@ def test_the_slope_network_adds_its_branches_and_its_target_is_the_absolute_slop
     assert heads.split_step([0.0, 0.05, 0.2, 3.0]) == 2 and heads.split_step([0.0, 0.01]) == 2
 
 
-def test_token_similarity_and_the_block_without_residual_sums():
-    assert heads.token_similarity(np.ones((4, 3))) == pytest.approx(1.0)
-    assert heads.token_similarity(np.eye(3)) == pytest.approx(0.0)
-    torch.manual_seed(0)
-    block = heads.random_blocks(1)[0]
-    X = heads.sentence_vectors()
-    with torch.no_grad():
-        expected = block.norm_2(block.feed_forward(block.norm_1(block.attention(torch.tensor(X, dtype=torch.float32)))))
-    got = heads.block_without_residuals(X, block.numpy_params())
-    assert np.abs(got - expected.numpy()).max() < 1e-5
-
-
 def test_three_identical_wide_heads_stay_identical_bit_for_bit(threads):
     twin = trained(n_heads=3, identical=True, d_head=TASK.d_in, steps=60)
     assert head_difference(twin) == 0.0

@@ -2,6 +2,8 @@
 
 - `tasks`: the toy sentence and the small training tasks of chapters 1 to 4;
 - `counting`: parameters and multiply-adds of attention layers and blocks (chapters 4, 5, 8);
+- `stacks`: random encoder stacks, and what residual sums and the LayerNorm's place do to
+  them (chapter 6);
 - `heads`: why heads end up different: the two-relation task, heads that own their
   block of W_o, identical heads, knock-outs (chapter 7);
 - `pretrained`: all-MiniLM-L6-v2 loaded into `mha.torch.Encoder`, and hand-labelled
@@ -14,7 +16,7 @@
   and the scores, knock-outs and shipped weights that find its induction heads (chapter 11).
 - `seeds`: claims over seeds: sweeps (an experiment run on many seeds), their tables stored in
   `seed_tables/` by tools/seed_sweeps.py, read by the chapters and re-derived by the tests.
-  Each chapter's sweeps live beside its experiment (`tasks`: ch02_*, `heads`: ch06_* and ch07_*,
+  Each chapter's sweeps live beside its experiment (`tasks`: ch02_*, `stacks`: ch06_*, `heads`: ch07_*,
   `positions`: ch10_*, `induction`: ch11_*, `sharing`: ch12_*).
 
 Import them as `from mha.experiments import tasks` or

@@ -81,13 +81,18 @@ def answer(base, route):
 
 def print_page(browser, base, page_path, target):
     """One page of the site, printed to `target`; returns its title."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     page = browser.new_page(viewport={"width": 1000, "height": 1200})
     page.set_default_timeout(180_000)
     page.route("**/*", functools.partial(answer, base))
     url = f"{base}/{page_path}.html"
     page.goto(url, wait_until="load")
-    page.wait_for_load_state("networkidle")
-    if page.evaluate("() => !!window.MathJax && !!MathJax.startup"):
+    try:
+        page.wait_for_load_state("networkidle", timeout=30_000)
+    except PlaywrightTimeout:
+        pass  # a request that never settles (seen once on a loaded machine): MathJax is awaited below
+    if page.evaluate("() => !!document.querySelector('script[src*=\"tex-mml\"]')"):
+        page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
         page.evaluate("() => MathJax.startup.promise")
     page.add_style_tag(content=HIDE_FOR_PRINT)
     page.emulate_media(media="print")

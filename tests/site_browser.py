@@ -78,12 +78,8 @@ class Visit:
         self.page.on("pageerror", lambda error: self.errors.append(f"uncaught: {error}"))
         self.page.on("console", lambda msg: msg.type == "error" and self.errors.append(f"console: {msg.text}"))
         self.page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.status} {r.url}"))
-        self.page.goto(f"{base}/{page}", wait_until="load")
-        self.page.wait_for_load_state("networkidle")
-        if self.page.evaluate("() => !!window.MathJax && !!MathJax.startup"):
-            self.page.evaluate("() => MathJax.startup.promise")
-        self.page.evaluate("""() => Promise.all([...document.images].map(img => img.complete ? null :
-            new Promise(done => { img.addEventListener('load', done); img.addEventListener('error', done); })))""")
+        # What was still loading when the wait for network idle gave up (not an error in itself).
+        self.unsettled = make_pdf.open_page(self.page, f"{base}/{page}")
 
     def route(self, base, route):
         url = route.request.url

@@ -79,21 +79,38 @@ def answer(base, route):
     return route.fulfill(path=str(path)) if path and path.is_file() else route.abort()
 
 
-def print_page(browser, base, page_path, target):
-    """One page of the site, printed to `target`; returns its title."""
+def open_page(page, url, network_timeout_ms=30_000):
+    """Go to `url`; wait until the page's formulas are typeset and its images decoded.
+
+    Network idle is waited for at most `network_timeout_ms`: on a loaded machine a page
+    was seen to never go idle (once in a PDF run, once in a browser test), so what a
+    reader needs is awaited directly: MathJax's startup, where the page loads it, and
+    every image. Returns the URLs still in flight when the wait for idle gave up."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    page = browser.new_page(viewport={"width": 1000, "height": 1200})
-    page.set_default_timeout(180_000)
-    page.route("**/*", functools.partial(answer, base))
-    url = f"{base}/{page_path}.html"
+    in_flight = set()
+    page.on("request", lambda request: in_flight.add(request.url))
+    page.on("requestfinished", lambda request: in_flight.discard(request.url))
+    page.on("requestfailed", lambda request: in_flight.discard(request.url))
     page.goto(url, wait_until="load")
     try:
-        page.wait_for_load_state("networkidle", timeout=30_000)
+        page.wait_for_load_state("networkidle", timeout=network_timeout_ms)
+        unsettled = []
     except PlaywrightTimeout:
-        pass  # a request that never settles (seen once on a loaded machine): MathJax is awaited below
+        unsettled = sorted(in_flight)
     if page.evaluate("() => !!document.querySelector('script[src*=\"tex-mml\"]')"):
         page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
         page.evaluate("() => MathJax.startup.promise")
+    page.evaluate("""() => Promise.all([...document.images].map(img => img.complete ? null :
+        new Promise(done => { img.addEventListener('load', done); img.addEventListener('error', done); })))""")
+    return unsettled
+
+
+def print_page(browser, base, page_path, target):
+    """One page of the site, printed to `target`; returns its title."""
+    page = browser.new_page(viewport={"width": 1000, "height": 1200})
+    page.set_default_timeout(180_000)
+    page.route("**/*", functools.partial(answer, base))
+    open_page(page, f"{base}/{page_path}.html")
     page.add_style_tag(content=HIDE_FOR_PRINT)
     page.emulate_media(media="print")
     title = page.evaluate("() => (document.querySelector('article h1') || {}).textContent || document.title")

@@ -27,7 +27,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from grading import Row, grade_notebook
+from grading.notebook import Row, grade_notebook
 from handout_manifest import read_manifest
 
 ROOT = Path(__file__).resolve().parent.parent

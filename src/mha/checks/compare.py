@@ -66,7 +66,11 @@ def compare_arrays(what, expected, got):
     if not np.issubdtype(got.dtype, np.number):
         return f"{what}: expected numbers, got dtype {got.dtype}"
     if expected.dtype.kind in "iu":
+        if got.dtype.kind not in "iu":
+            return f"{what}: expected whole numbers (an integer dtype), got dtype {got.dtype}"
         return compare_integers(what, expected, got)
+    if got.dtype != expected.dtype:
+        return f"{what}: expected dtype {expected.dtype}, got {got.dtype} (same shape {got.shape})"
     return compare_numbers(what, expected, got)
 
 
@@ -83,8 +87,8 @@ def compare_booleans(what, expected, got):
 
 
 def compare_integers(what, expected, got):
-    """None if `got` holds exactly the expected whole numbers (ints, or floats of the same value), else the
-    first difference: a count is right or wrong, with no tolerance."""
+    """None if `got` holds exactly the expected whole numbers, else the first difference: a count is
+    right or wrong, with no tolerance."""
     wrong = np.argwhere(got != expected)
     if not len(wrong):
         return None
@@ -146,3 +150,38 @@ def same_answer(wrong, got, structure):
                                *tolerance(w, g), equal_nan=True) for w, g in pairs)
     except (TypeError, ValueError):
         return False
+
+
+def changed_input(before, after, name="input"):
+    """None if `after` (an argument once the function returned) still equals `before` (the case's own
+    copy), else what changed: a function must not write into the arrays it is given."""
+    if isinstance(before, np.ndarray):
+        if not isinstance(after, np.ndarray) or after.shape != before.shape or after.dtype != before.dtype:
+            return f"{name} was replaced or reshaped in place"
+        if not np.array_equal(before, after, equal_nan=before.dtype.kind in "fc"):
+            return f"{name} was changed in place"
+        return None
+    if isinstance(before, (list, tuple)) and isinstance(after, (list, tuple)) and len(before) == len(after):
+        return next(filter(None, (changed_input(b, a, f"{name}[{i}]")
+                                  for i, (b, a) in enumerate(zip(before, after)))), None)
+    if isinstance(before, dict) and isinstance(after, dict) and before.keys() == after.keys():
+        return next(filter(None, (changed_input(before[k], after[k], f"{name}[{k!r}]") for k in before)), None)
+    try:
+        return None if before == after else f"{name} was changed in place"
+    except Exception:  # noqa: BLE001 - a value that cannot be compared is taken as unchanged
+        return None
+
+
+def changed_arguments(reference, case, args, kwargs):
+    """None if the arguments `args`, `kwargs` that a function was called with still equal the case's,
+    else which one changed, by parameter name."""
+    names = list(inspect.signature(reference).parameters)
+    for i, (before, after) in enumerate(zip(case.args, args)):
+        problem = changed_input(before, after, names[i] if i < len(names) else f"argument {i}")
+        if problem:
+            return problem
+    for key, before in case.kwargs.items():
+        problem = changed_input(before, kwargs.get(key), key)
+        if problem:
+            return problem
+    return None

@@ -23,14 +23,16 @@ reference kept in `mha.checks.reference`, and refuses a solution that calls the
 very function it should replace (`mha.checks.own_work`).
 """
 
+import contextlib
 import copy
 import secrets
+import tracemalloc
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from mha.checks.compare import compare_result, describe_case, same_answer
+from mha.checks.compare import changed_arguments, compare_result, describe_case, same_answer
 from mha.checks.own_work import Refusing
 from mha.checks.reference import reference, untouched_library
 
@@ -43,10 +45,13 @@ class CheckFailed(AssertionError):
 
 @dataclass
 class Case:
-    """One input to try: a label for the messages, and the arguments."""
+    """One input to try: a label for the messages, and the arguments. `peak_bytes`, when set, is the
+    most memory that one call may take beyond its inputs and its result (chunked attention: far less
+    than a T x T array); the notebook's check measures it with tracemalloc, the grader from outside."""
     label: str
     args: tuple
     kwargs: dict = field(default_factory=dict)
+    peak_bytes: int | None = None
 
     def arguments(self):
         """Copies of (args, kwargs), so that no function can change the case for the next."""
@@ -75,18 +80,33 @@ class Check:
     may_use: str = "NumPy"  # what the exercise lets a solution call, for the hint when it calls the reference
     make_random_cases: Callable | None = None  # make_random_cases(generator) returns more `Case`s
     mistakes: list = field(default_factory=list)
+    # Other library functions that compute this exercise's result (its own name is always one): in
+    # grading, the student edition of mha has them, in both faces, raise "this is the exercise".
+    forbids: tuple = ()
+    # Third-party packages beside NumPy that a solution may import (say "scipy"): in grading the others
+    # (torch, scipy, ...) are absent from the worker that runs this exercise.
+    packages: tuple = ()
+
+    def absent(self):
+        """The library names that the student edition switches off for this exercise, sorted."""
+        return tuple(sorted({self.name, *self.forbids}))
+
+    def cases(self, seed):
+        """The named cases, then the random ones drawn from `seed`."""
+        return self.make_cases() + self.make_random_cases(np.random.default_rng(seed))
 
 
 CHECKS = {}
 
 
-def cases_for(name, returns=None, may_use="NumPy"):
-    """Register the function that makes the named cases of `check_<name>`; `returns`, `may_use` as in `Check`."""
+def cases_for(name, returns=None, may_use="NumPy", forbids=(), packages=()):
+    """Register the function that makes the named cases of `check_<name>`; `returns`, `may_use`,
+    `forbids` and `packages` as in `Check`."""
     def register(make_cases):
         earlier = CHECKS.get(name)
         if earlier is not None and earlier.make_cases.__module__ != make_cases.__module__:
             raise ValueError(f"the cases of {name} are already registered in {earlier.make_cases.__module__}")
-        CHECKS[name] = Check(name, make_cases, returns, may_use)
+        CHECKS[name] = Check(name, make_cases, returns, may_use, forbids=tuple(forbids), packages=tuple(packages))
         return make_cases
     return register
 
@@ -141,20 +161,22 @@ def fresh_seed():
 
 
 def seed_line(name, fn, seed):
-    """How to draw the same random cases again."""
-    shown = getattr(fn, "__name__", "")
+    """How to draw the same random cases again (`fn`: the learner's function, or its name)."""
+    shown = fn if isinstance(fn, str) else getattr(fn, "__name__", "")
     shown = shown if shown.isidentifier() else "fn"
     return f"  seed {seed} drew the random cases: reproduce with check_{name}({shown}, seed={seed})"
 
 
 def call_learner(check, fn, case, seed):
-    """The learner's answer on `case`, or CheckFailed (NotImplementedError for a stub) saying why none."""
+    """(answer, args, kwargs, peak) of the learner's function on `case`: the arguments as the function
+    left them, and the most memory it took (tracemalloc, only for a case with `peak_bytes`); or
+    CheckFailed (NotImplementedError for a stub) saying why there is no answer."""
     args, kwargs = case.arguments()
     guard, failure = Refusing(check.name, reference(check.name), fn), None
     if not guard.watching:  # fn is mha's own function, handed in as it is
         raise CheckFailed(f"this is mha's own {check.name}, not yours: write it yourself, using only "
                           f"{check.may_use}\n{seed_line(check.name, fn, seed)}")
-    with np.errstate(all="ignore"), guard:
+    with np.errstate(all="ignore"), guard, memory_watch(case) as peak:
         try:
             got = fn(*args, **kwargs)
         except Exception as error:
@@ -165,7 +187,7 @@ def call_learner(check, fn, case, seed):
             f"write it yourself, using only {check.may_use}\n"
             f"  on the case '{case.label}'\n{seed_line(check.name, fn, seed)}")
     if failure is None:
-        return got
+        return got, args, kwargs, peak()
     if isinstance(failure, NotImplementedError):
         raise NotImplementedError(
             f"{check.name} is not written yet: write it in the cell above, then run this check again") from None
@@ -173,6 +195,44 @@ def call_learner(check, fn, case, seed):
         f"{check.name} raised {type(failure).__name__}: {failure}\n"
         f"  on the case '{case.label}' ({describe_case(reference(check.name), case)})\n"
         f"{seed_line(check.name, fn, seed)}") from None
+
+
+@contextlib.contextmanager
+def memory_watch(case):
+    """Inside: tracemalloc follows the allocations (NumPy reports its arrays to it) when the case has
+    `peak_bytes`. Yields a function that returns the peak in bytes (None when not measured)."""
+    if case.peak_bytes is None or tracemalloc.is_tracing():
+        yield lambda: None
+        return
+    tracemalloc.start()
+    peak = []
+    try:
+        yield lambda: peak[0] if peak else None
+    finally:
+        peak.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+
+
+def problem_with(check, case, got, args, kwargs, peak=None):
+    """None if the learner's answer `got` on `case` is right, else what is wrong: an input changed in
+    place, more memory than the case allows, or the answer itself (compared with the reference's).
+    The notebook's check and the grader both decide with this."""
+    changed = changed_arguments(reference(check.name), case, args, kwargs)
+    if changed:
+        return f"{changed}: a function must leave its inputs as they were (work on a copy)"
+    if case.peak_bytes is not None and peak is not None and peak > case.peak_bytes:
+        return (f"the call took {peak / 2**20:.1f} MiB at its peak, more than the {case.peak_bytes / 2**20:.1f} "
+                f"MiB allowed: never build the whole T_q x T_k array of scores")
+    expected = expected_answer(check.name, case)  # only now: no answer waits in a frame the learner could read
+    return compare_result(expected, got, check.returns)
+
+
+def failure_message(check, case, got, problem, fn_name, seed):
+    """The whole message of a wrong answer: the case, the problem, the hint of a matching mistake, the seed."""
+    hint = matching_hint(check, case, got)
+    return (f"{check.name} gives a wrong answer on the case '{case.label}'\n"
+            f"  input: {describe_case(reference(check.name), case)}\n  {problem}"
+            + (f"\n  hint: {hint}" if hint else "") + "\n" + seed_line(check.name, fn_name, seed))
 
 
 def expected_answer(name, case):
@@ -191,15 +251,10 @@ def run_check(name, fn, seed=None):
     seed = fresh_seed() if seed is None else seed
     named = check.make_cases()
     for case in named + check.make_random_cases(np.random.default_rng(seed)):
-        got = call_learner(check, fn, case, seed)
-        expected = expected_answer(name, case)  # only now: no answer waits in a frame the learner could read
-        problem = compare_result(expected, got, check.returns)
+        got, args, kwargs, peak = call_learner(check, fn, case, seed)
+        problem = problem_with(check, case, got, args, kwargs, peak)
         if problem:
-            hint = matching_hint(check, case, got)
-            raise CheckFailed(
-                f"{name} gives a wrong answer on the case '{case.label}'\n"
-                f"  input: {describe_case(reference(name), case)}\n  {problem}"
-                + (f"\n  hint: {hint}" if hint else "") + "\n" + seed_line(name, fn, seed))
+            raise CheckFailed(failure_message(check, case, got, problem, fn, seed))
     print(f"check_{name}: all {len(named)} cases passed.")  # the named ones; the random ones come on top
 
 

@@ -5,9 +5,19 @@
 
 The checks expected of each notebook come from the handout's list of exercises
 (`_handout/student/exercises.json`, written by `make handout`), never from what
-the notebook prints. The grader runs every expected check itself on the
-student's function; a check cell that was printed over, renamed, edited or
-removed counts as failed and is named (tools/grading.py says how).
+the notebook prints. The grader runs every expected check itself, in its own
+process, on the student's function, which runs in a separate, sandboxed worker
+that only returns plain data (tools/grading/ says how); a check cell that was
+printed over, renamed, edited or removed counts as failed and is named.
+
+Limits: --timeout seconds per request to a worker (running the notebook's code,
+or one call of a function), --notebook-timeout seconds per notebook, --memory GiB
+per worker; at a limit the worker is killed and the notebook's remaining checks
+fail, naming the limit. The random cases are seeded from --secret (or the
+environment variable MHA_GRADING_SECRET), the student, the check and the code:
+the same submission gets the same grade on every run, and the seed is in
+grades.json. With --roster, a CSV of totals per student for an LMS is written too
+(tools/grading/exports.py says the formats).
 
 Prints, per student, every check with every failure in full (hint included),
 and writes `grades.csv` and `grades.json` (one row per student and check:
@@ -19,6 +29,7 @@ progress bar on stderr. Exit code 0 when every check of every notebook passed.
 
 import argparse
 import csv
+import hashlib
 import json
 import os
 import sys
@@ -28,6 +39,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from grading.notebook import Row, grade_notebook
+from grading.sandbox import ISOLATION, Limits
 from handout_manifest import read_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,19 +71,59 @@ class Progress:
         print(f"\r{line:<100.100}", end=end, file=sys.stderr, flush=True)
 
 
-def grade_all(paths, manifest, jobs, timeout):
-    """The rows of every notebook, in the order given, graded `jobs` at a time."""
+def fingerprint(paths):
+    """A hash of the files under `paths` (the library, the grader, the manifest): what grading trusts."""
+    digest = hashlib.sha256()
+    for path in map(Path, paths):
+        for file in sorted(path.rglob("*") if path.is_dir() else [path]):
+            if file.is_file() and "__pycache__" not in file.parts:
+                digest.update(str(file).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
+
+
+def covered_folders(paths, out, manifest_path):
+    """The folders that a worker must not see: the project, the submissions', the grades', the manifest's."""
+    folders = {ROOT, Path(out).resolve(), Path(manifest_path).resolve().parent}
+    folders |= {Path(p).resolve().parent for p in paths}
+    return sorted(f for f in folders if f != Path("/"))
+
+
+def tampered_rows(rows, student):
+    """The rows of a notebook after which the library, the grader or the manifest changed: all failed."""
+    said = "the library, the grader or the manifest changed while this notebook was graded: not graded"
+    return [Row(r.student, r.exercise, r.check, False, said, 0, r.max_points, r.chapter, r.seed) for r in rows] or [
+        Row(student, "", "", False, said, 0, 0, "")]
+
+
+def grade_all(paths, manifest, jobs, limits, secret, covered, trusted):
+    """The rows of every notebook, in the order given, graded `jobs` at a time. After each notebook the
+    fingerprint of `trusted` is taken again: a notebook after which it changed is not graded."""
     names = student_names(paths)
     progress = Progress(len(paths))
-    # The kernels inherit the workers' environment: one thread each, as many kernels as jobs.
+    before = fingerprint(trusted)
+    # The workers inherit the grader's environment: one thread each, as many notebooks as jobs.
     with ProcessPoolExecutor(max_workers=jobs, initializer=os.environ.update, initargs=(LEAN_KERNELS,)) as pool:
-        futures = {pool.submit(grade_notebook, path, name, manifest, timeout): i
+        futures = {pool.submit(grade_notebook, path, name, manifest, secret, limits, covered): i
                    for i, (path, name) in enumerate(zip(paths, names))}
         results = [None] * len(paths)
         for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            progress.step(names[futures[future]])
+            i = futures[future]
+            results[i] = future.result()
+            if fingerprint(trusted) != before:
+                results[i] = tampered_rows(results[i], names[i])
+            progress.step(names[i])
     return [row for rows in results for row in rows]
+
+
+def assignment_secret(given, manifest_path):
+    """(secret, warning): --secret, else MHA_GRADING_SECRET, else one derived from the manifest (which
+    students have: the report then says so)."""
+    secret = given or os.environ.get("MHA_GRADING_SECRET")
+    if secret:
+        return secret, None
+    derived = hashlib.sha256(Path(manifest_path).read_bytes()).hexdigest()
+    return derived, ("No --secret (or MHA_GRADING_SECRET) was given: the random cases are seeded from the "
+                     "manifest, which students have. Give a secret of your own to make them unguessable.")
 
 
 def indent(text, spaces):
@@ -118,18 +170,41 @@ def arguments(argv):
                         "(default: _handout/student/exercises.json)")
     parser.add_argument("--out", default=".", help="where to write grades.csv and grades.json (default: here)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="notebooks graded at once")
-    parser.add_argument("--timeout", type=int, default=60, help="seconds a cell may run (default: 60)")
-    return parser.parse_args(argv)
+    parser.add_argument("--timeout", type=float, default=60,
+                        help="seconds a request to a worker may run: the notebook's code, or one call (default: 60)")
+    parser.add_argument("--notebook-timeout", type=float, default=300,
+                        help="seconds all of a notebook's checks may run together (default: 300)")
+    parser.add_argument("--memory", type=float, default=4, help="GiB of memory per worker (default: 4)")
+    parser.add_argument("--secret", help="the assignment's secret, which seeds the random cases "
+                        "(default: the environment variable MHA_GRADING_SECRET)")
+    parser.add_argument("--roster", help="a CSV: student notebook name -> LMS id; writes the totals for an LMS")
+    parser.add_argument("--assignment", default="Multi-head attention", help="the LMS column of the totals")
+    args = parser.parse_args(argv)
+    for name in ("timeout", "notebook_timeout", "memory"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    return args
 
 
 def main(argv):
     args = arguments(argv)
     manifest = read_manifest(args.manifest)
-    rows = grade_all(args.notebooks, manifest, max(1, args.jobs), args.timeout)
+    secret, warning = assignment_secret(args.secret, args.manifest)
+    limits = Limits(args.timeout, args.notebook_timeout, int(args.memory * 2**30))
+    covered = covered_folders(args.notebooks, args.out, args.manifest)
+    trusted = [ROOT / "src" / "mha", ROOT / "tools", Path(args.manifest)]
+    rows = grade_all(args.notebooks, manifest, max(1, args.jobs), limits, secret, covered, trusted)
     print(summary(rows))
     csv_path, json_path = write_grades(rows, args.out)
-    print(f"\ngrades: {csv_path}, {json_path}\n"
-          "Predict and Experiment exercises have no automatic check: grade them by hand against the key.")
+    print(f"\ngrades: {csv_path}, {json_path}")
+    if args.roster:
+        from grading.exports import write_lms_totals
+        print(f"totals for the LMS: {write_lms_totals(rows, args.roster, args.out, args.assignment)}")
+    print(f"isolation of the students' code: {ISOLATION}"
+          + ("" if ISOLATION == "bubblewrap" else " (install bubblewrap: the workers could read the library)"))
+    if warning:
+        print(warning)
+    print("Predict and Experiment exercises have no automatic check: grade them by hand against the key.")
     return 0 if rows and all(r.passed for r in rows) else 1
 
 

@@ -1,61 +1,49 @@
 """Grade one submitted notebook against the handout's list of exercises.
 
-Every check that the list expects for the notebook's chapter is decided by the
-grader, never by what the notebook printed:
+Every check that the list expects for the notebook's chapter is decided here, in the
+grader's process, never by what the notebook printed and never in the process that
+runs the student's code:
 
 1. the chapter is the one whose exercise labels the notebook holds (else the one
    its file name names);
-2. in a fresh kernel, the grader runs only the statements that define the
-   exercises' functions and what they use (tools/notebook_slice.py), then each
-   expected check itself, imported afresh from `mha.checks`, on the student's
-   function (the stub's name), and keeps the check's whole message;
-3. a check passes when it passes there AND its check cell is the handout's
-   (tools/check_cells.py): a check cell printed over, renamed, edited or
-   removed counts as failed, and the report says which, and what the check says.
+2. the student's code runs in a worker (grading/sandbox.py): for each group of
+   checks that switch off the same library functions, a fresh worker runs only the
+   statements that define the exercises' functions and what they use
+   (tools/notebook_slice.py), in a student edition of mha with those functions
+   switched off, and nothing else of the library;
+3. the grader draws each check's cases (grading/cases.py: the named ones, and random
+   ones seeded from the assignment's secret, the student, the check and the code),
+   sends each case's inputs to the worker, receives the outputs as plain data, and
+   judges them with the same code as the notebook's check (mha.checks.registry):
+   type, dtype and shape, the values, the inputs left unchanged, and the peak memory
+   where a case bounds it (measured from outside the worker);
+4. a check passes when it passes there AND its check cell is the handout's
+   (tools/check_cells.py): a check cell printed over, renamed, edited or removed
+   counts as failed, and the report says which, and what the check says.
 
-If the slice raises an error, or a check meets a NameError (the slice may have
-missed a name), the whole notebook is run instead. Each cell has a time limit;
-a check that runs past it is interrupted and fails. The grader runs the
-students' code in its kernel: code written to attack that process (rather than
-the check cells) is beyond what it can rule out.
+If the slice raises an error, or a function is missing or meets a NameError (the
+slice may have missed a name), the whole notebook is run in a fresh worker instead.
+Limits (grading/sandbox.Limits): seconds per request, seconds per notebook, memory
+per worker. At a limit the worker is killed and the notebook's remaining checks fail
+with the limit's name.
 """
 
-import json
+import hashlib
 import re
-import secrets
-import subprocess
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import DeadKernelError
 
 from check_cells import tampered_checks
+from grading import cases
+from grading.sandbox import Limits, LimitReached, Worker
 from handout_manifest import checked_exercises
 from notebook_slice import code_binding, statements
 
 LABEL = re.compile(r"^:label: (\S+)", re.M)
-RUN_CHECK = '''\
-def _grade_with_a_fresh_check(check_name, function_name, marker):
-    import contextlib, importlib, io, json, sys
-    for module in [m for m in sys.modules if m == "mha" or m.startswith("mha.")]:
-        del sys.modules[module]  # the check, its cases and mha.numpy as shipped, whatever the notebook did
-    printed = io.StringIO()
-    try:
-        checks = importlib.import_module("mha.checks")
-        outcome = ["missing", ""]
-        if function_name in globals():
-            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-                getattr(checks, check_name)(globals()[function_name])
-            outcome = ["passed", (printed.getvalue().strip().splitlines() or ["passed"])[-1]]
-    except NotImplementedError as error:
-        outcome = ["not written", str(error)]
-    except BaseException as error:
-        failed = type(error).__name__ == "CheckFailed"
-        outcome = ["failed", str(error) if failed else f"{type(error).__name__}: {error}"]
-    print(marker + json.dumps(outcome))
-'''
 
 
 @dataclass
@@ -69,6 +57,7 @@ class Row:
     points: float
     max_points: float
     chapter: str
+    seed: int | None = None  # what drew the check's random cases (None: the check was not run)
 
 
 def chapter_of(notebook, path, manifest):
@@ -81,59 +70,102 @@ def chapter_of(notebook, path, manifest):
     return next((c for c in chapters if Path(c["notebook"]).stem in Path(path).name), None)
 
 
-def kernel_run(codes, checks, folder, timeout):
-    """Run `codes`, then each check in the same kernel: ({check: (status, message)}, errors of the codes)."""
-    marker = f"grade-{secrets.token_hex(8)}:"
-    runs = [f"{RUN_CHECK}\n_grade_with_a_fresh_check({c['check']!r}, {c['function']!r}, {marker!r})" for c in checks]
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code) for code in codes + runs])
-    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=True,
-                            interrupt_on_timeout=True, resources={"metadata": {"path": str(folder)}})
+def code_of(notebook):
+    """The notebook's code cells, in order."""
+    return [c.source for c in notebook.cells if c.cell_type == "code"]
+
+
+class Session:
+    """The workers of one notebook, within its limits: the clock runs from the first worker."""
+
+    def __init__(self, notebook, limits, covered, scratch):
+        self.notebook, self.limits, self.covered, self.scratch = notebook, limits, covered, Path(scratch)
+        self.started, self.stopped, self.count = None, None, 0  # stopped: the limit reached, if any
+
+    def seconds_left(self):
+        if self.started is None:
+            self.started = time.monotonic()
+        return self.limits.notebook_seconds - (time.monotonic() - self.started)
+
+    def budget(self):
+        """(seconds for the next request, what to say if it runs past them)."""
+        left = self.seconds_left()
+        if left < self.limits.cell_seconds:
+            return max(left, 0.0), f"the notebook ran past {self.limits.notebook_seconds:g} s"
+        return self.limits.cell_seconds, f"ran past {self.limits.cell_seconds:g} s"
+
+    def worker(self, group, codes):
+        """A fresh worker for a group of checks, having run `codes`: (worker, errors of the codes)."""
+        self.count += 1
+        first = cases.registered(group[0]["check"])
+        worker = Worker(self.scratch / f"worker-{self.count}", first.absent(), first.packages,
+                        self.limits, self.covered)
+        return worker, self.ask(worker, lambda seconds: worker.run(codes, seconds))
+
+    def ask(self, worker, request):
+        """request(seconds) to the worker within the limits; LimitReached names the limit."""
+        if self.stopped:
+            raise LimitReached(self.stopped)
+        seconds, said = self.budget()
+        if seconds <= 0:
+            raise LimitReached(said)
+        try:
+            return request(seconds)
+        except LimitReached as limit:
+            self.stopped = said if str(limit).startswith("ran past") else str(limit)
+            raise LimitReached(self.stopped) from None
+
+
+def groups_of(checks):
+    """The checks in groups that can share a worker: the same library switched off, the same packages."""
+    groups = {}
+    for check in checks:
+        known = cases.registered(check["check"])
+        groups.setdefault((known.absent(), known.packages), []).append(check)
+    return list(groups.values())
+
+
+def grade_group(session, group, seeds):
+    """{check: (status, message)} for a group of checks, each on the student's function in a worker."""
+    needed = code_binding(session.notebook.cells, {c["function"] for c in group})
+    worker, errors = session.worker(group, [code for _, code in needed])
     try:
-        client.execute(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except DeadKernelError:
-        pass  # the checks that did not finish are sorted out below
-    errors = [o for c in notebook.cells[:len(codes)] for o in c.get("outputs", []) if o.output_type == "error"]
-    cells = dict(zip((c["check"] for c in checks), notebook.cells[len(codes):]))
-    outcomes = {check: outcome_of(cell, marker) for check, cell in cells.items()}
-    unfinished = [c for c in checks if outcomes[c["check"]] is None]
-    if unfinished:
-        outcomes.update(after_a_death(codes, unfinished, cells, folder, timeout))
-    return outcomes, errors
+        outcomes = {c["check"]: cases.judge(session, worker, c, seeds[c["check"]]) for c in group}
+        if errors or any(status == "missing" or "NameError" in message for status, message in outcomes.values()):
+            worker.close()
+            worker, _ = session.worker(group, code_of(session.notebook))  # the whole notebook
+            outcomes = {c["check"]: cases.judge(session, worker, c, seeds[c["check"]]) for c in group}
+        return outcomes
+    finally:
+        worker.close()
 
 
-def after_a_death(codes, unfinished, cells, folder, timeout):
-    """Outcomes of the checks that did not finish because the kernel died. If a check had
-    started, it killed the kernel: it fails, and the checks after it run in a new kernel."""
-    if cells[unfinished[0]["check"]].get("execution_count") is None:
-        return {c["check"]: ("failed", "the kernel died while running the notebook's code") for c in unfinished}
-    killer, rest = unfinished[0], unfinished[1:]
-    outcomes = kernel_run(codes, rest, folder, timeout)[0] if rest else {}
-    return {killer["check"]: ("failed", "the kernel died during the check: the function ended the process"),
-            **outcomes}
-
-
-def outcome_of(cell, marker):
-    """(status, message) that the grader's check cell printed last behind `marker`, or None."""
-    lines = [line for output in cell.get("outputs", []) for line in output.get("text", "").splitlines()]
-    said = [line[len(marker):] for line in lines if line.startswith(marker)]
-    return tuple(json.loads(said[-1])) if said else None
-
-
-def run_checks(notebook, checks, folder, timeout):
-    """{check: (status, message)}: every check run by the grader on the student's own function.
-
-    First on the slice of the notebook that defines the functions; again on the whole
-    notebook when the slice raised an error or a check met a NameError (the slice may
-    have missed something that the whole notebook would have run)."""
-    needed = code_binding(notebook.cells, {c["function"] for c in checks})
-    outcomes, errors = kernel_run([code for _, code in needed], checks, folder, timeout)
-    if errors or any("NameError" in message for _, message in outcomes.values()):
-        whole = [c.source for c in notebook.cells if c.cell_type == "code"]
-        outcomes, _ = kernel_run(whole, checks, folder, timeout)
+def run_checks(notebook, checks, seeds, limits, covered):
+    """{check: (status, message)}: every check run by the grader on the student's own function."""
+    outcomes = {}
+    with tempfile.TemporaryDirectory(prefix="mha-grade-") as scratch:
+        session = Session(notebook, limits, covered, scratch)
+        for group in groups_of(checks):
+            if session.stopped:
+                outcomes.update({c["check"]: ("failed", session.stopped) for c in group})
+                continue
+            try:
+                outcomes.update(grade_group(session, group, seeds))
+            except LimitReached as limit:
+                outcomes.update({c["check"]: ("failed", str(limit)) for c in group if c["check"] not in outcomes})
     return outcomes
 
 
-def described(status, message, function, cells, timeout):
+def seed_of(secret, student, check, notebook):
+    """The seed of a check's random cases: the assignment's secret, the student, the check and the
+    student's code together (the same submission draws the same cases on every run; a changed one,
+    or another student, draws others)."""
+    code = "\n".join(code_of(notebook))
+    digest = hashlib.sha256("\0".join([secret, student, check, code]).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def described(status, message, function, cells):
     """What the report says of the grader's own run of a check."""
     if status == "missing":
         broken = next((n for n, c in enumerate(cells, 1) if c.cell_type == "code"
@@ -142,7 +174,7 @@ def described(status, message, function, cells, timeout):
                 else f"`{function}` is not defined in the notebook (removed or renamed?)")
     if status == "not written":
         return f"`{function}` is not written yet (the stub still raises NotImplementedError)"
-    return message.replace("KeyboardInterrupt: ", f"stopped at the time limit of {timeout} s per cell")
+    return message
 
 
 def verdict(status, said, tampering):
@@ -153,26 +185,28 @@ def verdict(status, said, tampering):
     return status == "passed", said
 
 
-def rows_for(student, chapter, notebook, folder, timeout):
+def rows_for(student, chapter, notebook, secret, limits, covered):
     """The rows of one student for every expected check of the chapter."""
     exercises = checked_exercises(chapter)
     checks = [c for e in exercises for c in e["checks"]]
-    outcomes = run_checks(notebook, checks, folder, timeout) if checks else {}
+    seeds = {c["check"]: seed_of(secret, student, c["check"], notebook) for c in checks}
+    outcomes = run_checks(notebook, checks, seeds, limits, covered) if checks else {}
     rows = []
     for exercise in exercises:
         tampering = tampered_checks(notebook.cells, exercise)
         share = exercise["points"] / len(exercise["checks"])
         for check in exercise["checks"]:
             status, message = outcomes[check["check"]]
-            said = described(status, message, check["function"], notebook.cells, timeout)
+            said = described(status, message, check["function"], notebook.cells)
             passed, message = verdict(status, said, tampering.get(check["check"]))
             rows.append(Row(student, exercise["label"], check["check"], passed, message,
-                            share if passed else 0, share, Path(chapter["notebook"]).stem))
+                            share if passed else 0, share, Path(chapter["notebook"]).stem, seeds[check["check"]]))
     return rows
 
 
-def grade_notebook(path, student, manifest, timeout=60):
-    """The rows of grades.csv for one submitted notebook."""
+def grade_notebook(path, student, manifest, secret, limits=Limits(), covered=()):
+    """The rows of grades.csv for one submitted notebook. `secret` seeds the random cases; `covered`:
+    the folders that the worker must not see (the project, the submissions, the grades)."""
     try:
         notebook = nbformat.read(path, as_version=4)
     except Exception as error:  # not a notebook at all
@@ -180,4 +214,4 @@ def grade_notebook(path, student, manifest, timeout=60):
     chapter = chapter_of(notebook, path, manifest)
     if chapter is None:
         return [Row(student, "", "", False, f"{path} is no chapter of the handout's list of exercises", 0, 0, "")]
-    return rows_for(student, chapter, notebook, Path(path).resolve().parent, timeout)
+    return rows_for(student, chapter, notebook, secret, limits, covered)

@@ -1,0 +1,103 @@
+"""The grader's side of a check: draw the cases, send their inputs, judge what comes back.
+
+The cases, the expected answers (mha.checks.reference), the comparison and the hints
+(mha.checks.registry) live in the grader's process only. The worker receives a case's
+inputs and returns the student's outputs as plain data (grading/wire.py); a function
+given as an input (chapter 11's language model) crosses as its table of logits and is
+rebuilt on the other side. A reply is judged exactly as the notebook's check judges an
+answer (`registry.problem_with`): type, dtype and shape, values, inputs unchanged, and
+the peak memory of a case that bounds it, here measured by the grader from outside.
+"""
+
+import numpy as np
+
+import mha.checks  # noqa: F401 - every chapter's checks, registered
+from grading import wire
+from grading.sandbox import LimitReached
+from mha.checks import registry
+from mha.checks.ch11 import ToyLanguageModel
+from mha.checks.compare import describe_case
+
+
+def registered(check_name):
+    """The registry's Check for a manifest's check name ("check_softmax")."""
+    return registry.registered(check_name.removeprefix("check_"))
+
+
+def to_wire(value):
+    """`value` with each function-as-data (ToyLanguageModel) replaced by what crosses (its table)."""
+    if isinstance(value, ToyLanguageModel):
+        return wire.TableModel(value.table)
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_wire(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_wire(v) for k, v in value.items()}
+    return value
+
+
+def toy_model(table):
+    """A table that came back from the worker, as the ToyLanguageModel it was sent as."""
+    model = object.__new__(ToyLanguageModel)
+    model.table, model.vocab_size = np.asarray(table), len(table)
+    return model
+
+
+def reply_problem(check, case, reply):
+    """(status, message) when the reply carries no answer to judge; None when it does."""
+    status = reply.get("status")
+    if status == "returned":
+        return None
+    if status in ("missing", "not written"):
+        return status, reply.get("message", "")
+    if status == "unsendable":
+        return "failed", f"{check.name} returned something that is not an answer: {reply.get('message')}"
+    message = str(reply.get("message", "no answer"))
+    return "failed", (f"{check.name} raised {message}\n"
+                      f"  on the case '{case.label}' ({describe_case(registry.reference(check.name), case)})")
+
+
+def answer(reply):
+    """(result, args, kwargs) decoded from a reply: ValueError/TypeError if they are not plain data."""
+    result = wire.untag(reply["result"], rebuild=toy_model)
+    args = wire.untag(reply["args"], rebuild=toy_model)
+    kwargs = wire.untag(reply["kwargs"], rebuild=toy_model)
+    if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+        raise TypeError("the arguments came back in another shape")
+    return result, args, kwargs
+
+
+def judge_case(session, worker, check, function, case, seed):
+    """None if the student's function answers `case` right, else (status, message)."""
+    args, kwargs = case.arguments()
+    measure = case.peak_bytes is not None
+    reply, peak = session.ask(worker, lambda seconds: worker.call(function, to_wire(args), to_wire(kwargs),
+                                                                 seconds, measure_memory=measure))
+    if reply.get("status") == "raised" and str(reply.get("message", "")).startswith("MemoryError"):
+        worker.kill()  # out of memory: at the limit, the worker goes, and the notebook's other checks fail
+        session.stopped = f"used more than {session.limits.memory_bytes / 2**30:g} GiB"
+        raise LimitReached(session.stopped)
+    problem = reply_problem(check, case, reply)
+    if problem:
+        return problem
+    try:
+        got, args_after, kwargs_after = answer(reply)
+    except (KeyError, TypeError, ValueError) as error:
+        return "failed", f"{check.name}'s answer could not be read as data: {error}"
+    wrong = registry.problem_with(check, case, got, args_after, kwargs_after, peak)
+    if wrong:
+        return "failed", registry.failure_message(check, case, got, wrong, function, seed)
+    return None
+
+
+def judge(session, worker, manifest_check, seed):
+    """(status, message) of one check of the manifest on the student's function in `worker`."""
+    check, function = registered(manifest_check["check"]), manifest_check["function"]
+    named = check.make_cases()
+    try:
+        for case in named + check.make_random_cases(np.random.default_rng(seed)):
+            problem = judge_case(session, worker, check, function, case, seed)
+            if problem:
+                return problem
+    except LimitReached as limit:
+        return "failed", str(limit)
+    return "passed", f"check_{check.name}: all {len(named)} cases passed."

@@ -4,7 +4,8 @@
 #               chapters under other CPU kernels (test-kernels, below)
 # Both create a virtual environment in .venv on first use. `make test` also
 # installs, when missing, what the browser test (tests/test_site.py) needs:
-# Debian's chromium (with apt-get, as root) and MathJax 3 (npm, into .cache/).
+# Debian's chromium (with apt-get, as root) and MathJax 3 (npm, into .cache/); and
+# what the grader's sandbox needs: Debian's bubblewrap.
 
 PYTHON ?= python3
 VENV := .venv
@@ -14,7 +15,7 @@ STAMP := $(VENV)/.installed
 MATHJAX := .cache/mathjax/node_modules/mathjax/es5/tex-mml-chtml.js
 export PYTHONHASHSEED := 0
 
-.PHONY: book test clean notebooks handout browser pdf
+.PHONY: book test clean notebooks handout browser sandbox pdf
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,7 +30,7 @@ book: $(STAMP) $(if $(OFFLINE),$(MATHJAX))
 
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-test: $(STAMP) browser
+test: $(STAMP) browser sandbox
 	$(BIN)/python -m pytest -n 2 --dist loadfile $(NBVAL) tests book
 	$(MAKE) --no-print-directory test-kernels
 
@@ -71,6 +72,16 @@ browser: $(MATHJAX)
 	  else echo "no $(CHROMIUM), and not root on Debian: the browser test will skip"; fi; \
 	fi
 
+# The grader (tools/grade.py) runs each student's code under Debian's bubblewrap: a read-only
+# system, no network, the library and the other submissions out of sight. Without it (not root,
+# not Debian) grading falls back to folder and path isolation and says so in its report.
+sandbox:
+	@if ! command -v bwrap >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+	  else echo "no bwrap, and not root on Debian: grading falls back to folder and path isolation"; fi; \
+	fi
+
 $(MATHJAX):
 	@if ! command -v npm >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null; \
@@ -89,6 +100,12 @@ pdf: $(STAMP) browser
 handout: $(STAMP) $(MATHJAX)
 	$(BIN)/python tools/make_handout.py _handout
 	$(BIN)/python tools/nbgrader_source.py _handout
+
+# For instructors: the Gradescope autograder, _build/gradescope/autograder.zip (tools/make_gradescope.py;
+# the book's page for instructors says what to upload).
+.PHONY: gradescope
+gradescope: $(STAMP)
+	$(BIN)/python tools/make_gradescope.py
 
 # Benchmarks against PyTorch, speed and memory (several minutes on 2 cores; see
 # benchmarks/__init__.py). Prints every table and writes it to _build/benchmarks/

@@ -133,9 +133,11 @@ def grade_group(session, group, seeds):
         outcomes = {c["check"]: cases.judge(session, worker, c, seeds[c["check"]]) for c in group}
         if errors or any(status == "missing" or "NameError" in message for status, message in outcomes.values()):
             worker.close()
-            worker, _ = session.worker(group, code_of(session.notebook))  # the whole notebook
+            worker, errors = session.worker(group, code_of(session.notebook))  # the whole notebook
             outcomes = {c["check"]: cases.judge(session, worker, c, seeds[c["check"]]) for c in group}
-        return outcomes
+        first_error = f"the notebook's code raised {errors[0][1]}" if errors else ""
+        return {check: (status, first_error) if status == "missing" else (status, message)
+                for check, (status, message) in outcomes.items()}
     finally:
         worker.close()
 
@@ -170,8 +172,9 @@ def described(status, message, function, cells):
     if status == "missing":
         broken = next((n for n, c in enumerate(cells, 1) if c.cell_type == "code"
                        and re.search(rf"\bdef {function}\b", c.source) and statements(c.source) is None), None)
-        return (f"`{function}` is not defined: cell {broken}, which defines it, has a syntax error" if broken
-                else f"`{function}` is not defined in the notebook (removed or renamed?)")
+        if broken:
+            return f"`{function}` is not defined: cell {broken}, which defines it, has a syntax error"
+        return f"`{function}` is not defined in the notebook" + (f": {message}" if message else " (removed or renamed?)")
     if status == "not written":
         return f"`{function}` is not written yet (the stub still raises NotImplementedError)"
     return message

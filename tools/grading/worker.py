@@ -20,11 +20,15 @@ This file is copied into the sandbox beside wire.py and imports nothing of the g
 
 import importlib.abc
 import os
+import re
 import sys
 
 import numpy as np
 
 import wire
+
+
+MAGIC = re.compile(r"^\s*[%!]", re.M)
 
 
 class Hidden(importlib.abc.MetaPathFinder):
@@ -47,7 +51,10 @@ class Shell:
 
 
 def python_of(code):
-    """A cell as Python: IPython's magics become calls on `get_ipython()`."""
+    """A cell as Python: IPython's magics become calls on `get_ipython()` (IPython is imported only for
+    a cell that has a line starting with % or !, to keep the worker's start short)."""
+    if not MAGIC.search(code):
+        return code
     try:
         from IPython.core.inputtransformer2 import TransformerManager
     except ImportError:

@@ -19,6 +19,7 @@ import pytest
 
 from conftest import ROOT
 from test_grading import grade, make_handout
+from test_handout import code_solutions
 
 CHAPTER_12 = "12_modern_attention.ipynb"
 CHAPTER_1 = "01_weighted_average.ipynb"
@@ -99,6 +100,33 @@ import torch
 def repeat_kv(x, n_rep):
     return torch.repeat_interleave(torch.as_tensor(x), n_rep, dim=-3).numpy()
 ''',
+    "frame_walker": WRONG_REPEAT + '''
+import sys
+_wrong = repeat_kv
+class Peeking:
+    """An answer that looks for the checker's expected answer in the frames when it is converted."""
+    def __init__(self, fallback):
+        self.fallback = fallback
+    def __array__(self, dtype=None, copy=None):
+        frame = sys._getframe(1)
+        while frame is not None:
+            if "expected" in frame.f_locals:
+                return frame.f_locals["expected"]
+            frame = frame.f_back
+        return self.fallback
+def repeat_kv(x, n_rep):
+    return Peeking(_wrong(x, n_rep))
+''',
+    "library_in_a_thread": '''
+import threading
+import mha.numpy as mnp
+def repeat_kv(x, n_rep):
+    box = []
+    worker = threading.Thread(target=lambda: box.append(mnp.repeat_kv(x, n_rep)))
+    worker.start()
+    worker.join()
+    return box[0]
+''',
     # containment: a hang that swallows interrupts, a memory hog, an input written in place
     "hangs": '''
 def repeat_kv(x, n_rep):
@@ -125,11 +153,52 @@ def repeat_kv(x, n_rep):
 ''',
     "right": RIGHT_REPEAT,
 }
+# Other chapters: (chapter, function, code, passes?). Library roads to softmax, the LM loss and
+# generation; chunked attention that builds the whole T x T array; the book's own answers.
+FULL_MATRIX_CHUNKED = '''
+import numpy as np
+def chunked_attention(Q, K, V, mask=None, chunk=256):
+    scores = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1])
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    top = scores.max(axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    weights = np.exp(scores - top)
+    total = weights.sum(axis=-1, keepdims=True)
+    weights = np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+    return (weights @ V).astype(np.result_type(Q, K, V))
+'''
+OTHER_CHAPTERS = {
+    "softmax_by_log_softmax": (CHAPTER_1, "softmax", "import numpy as np\nimport mha.numpy as mnp\n"
+                               "def softmax(x, axis=-1):\n    return np.exp(mnp.log_softmax(x, axis=axis))\n", False),
+    "softmax_by_scipy": (CHAPTER_1, "softmax", "from scipy.special import softmax\n", False),
+    "softmax_in_place": (CHAPTER_1, "softmax", "import numpy as np\ndef softmax(x, axis=-1):\n"
+                         "    x -= x.max(axis=axis, keepdims=True)\n    np.exp(x, out=x)\n"
+                         "    x /= x.sum(axis=axis, keepdims=True)\n    return x\n", False),
+    "chunked_full_matrix": ("08_attention_at_scale.ipynb", "chunked_attention", FULL_MATRIX_CHUNKED, False),
+    "generate_by_torch_face": ("11_training_a_transformer.ipynb", "generate_greedy",
+                               "import mha.torch as mt\ngenerate_greedy = mt.generate_greedy\n", False),
+}
+KEYS = ["01_weighted_average.ipynb", "08_attention_at_scale.ipynb", "11_training_a_transformer.ipynb",
+        CHAPTER_12]
+
+
+def key_notebook(handout, chapter):
+    """The handout's notebook of `chapter` with the key's code in every stub: the book's own answers."""
+    notebook = nbformat.read(handout / "student" / "book" / chapter, as_version=4)
+    codes = [code for _, code, _ in code_solutions(ROOT / "book" / chapter) if make_handout.stub_for(code)]
+    stubs = [c for c in notebook.cells if "exercise-stub" in c.metadata.get("tags", [])]
+    for stub, code in zip(stubs, codes, strict=True):
+        stub.source = code
+    return notebook
+
+
 # What the report must say for the attacks whose reason is the grader's to name.
 REASONS = {"ends_the_process": "worker ended", "hangs": "ran past", "hog": "GiB",
            "library_itself": "switched off", "library_renamed_and_wrapped": "switched off",
            "library_cache_step": "switched off", "torch_instead": "not available",
-           "library_source_from_disk": "No such file", "in_place": "in place"}
+           "library_source_from_disk": "No such file", "in_place": "in place",
+           "frame_walker": "not an answer", "library_in_a_thread": "IndexError"}
 
 
 def submission(handout, chapter, function, code):
@@ -157,6 +226,10 @@ def graded(tmp_path_factory):
     folder.mkdir()
     for name, code in ATTACKS_12.items():
         nbformat.write(submission(handout, CHAPTER_12, "repeat_kv", code), folder / f"{name}.ipynb")
+    for name, (chapter, function, code, _) in OTHER_CHAPTERS.items():
+        nbformat.write(submission(handout, chapter, function, code), folder / f"{name}.ipynb")
+    for chapter in KEYS:
+        nbformat.write(key_notebook(handout, chapter), folder / f"key_{chapter[:2]}.ipynb")
     return base, folder, run_grade(folder, base / "first")
 
 
@@ -179,10 +252,32 @@ def test_a_right_solution_written_from_scratch_passes(graded):
     assert rows[("right", "check_repeat_kv")]["passed"], rows[("right", "check_repeat_kv")]["message"]
 
 
+@pytest.mark.parametrize("attack", OTHER_CHAPTERS)
+def test_library_roads_torch_scipy_in_place_and_a_full_matrix_fail_in_other_chapters(graded, attack):
+    _, _, (_, rows) = graded
+    chapter, function, _, _ = OTHER_CHAPTERS[attack]
+    row = rows[(attack, f"check_{function}")]
+    assert not row["passed"] and row["points"] == 0, row
+
+
+def test_the_full_matrix_fails_on_memory_measured_from_outside(graded):
+    _, _, (_, rows) = graded
+    assert "MiB" in rows[("chunked_full_matrix", "check_chunked_attention")]["message"]
+
+
+@pytest.mark.parametrize("chapter", KEYS)
+def test_the_books_own_answers_score_every_point(graded, chapter):
+    """The key passes every check in the worker, chapter 11's function-as-data included."""
+    _, _, (_, rows) = graded
+    mine = [r for (s, _), r in rows.items() if s == f"key_{chapter[:2]}"]
+    assert mine and all(r["passed"] for r in mine), [r["message"] for r in mine if not r["passed"]]
+
+
 def test_a_hang_and_a_crash_cost_only_their_own_notebook(graded):
     """The notebooks graded after the hang and the exit are graded (and the right one passes)."""
     _, _, (_, rows) = graded
-    assert {student for student, _ in rows} == set(ATTACKS_12)
+    assert {student for student, _ in rows} == set(ATTACKS_12) | set(OTHER_CHAPTERS) | {
+        f"key_{c[:2]}" for c in KEYS}
     for attack in ("hangs", "ends_the_process", "hog"):
         others = [r for (s, c), r in rows.items() if s == attack and c != "check_repeat_kv"]
         assert others and all("not written yet" in r["message"] or not r["passed"] for r in others)

@@ -108,7 +108,11 @@ def grade_all(paths, manifest, jobs, limits, secret, covered, trusted):
         results = [None] * len(paths)
         for future in as_completed(futures):
             i = futures[future]
-            results[i] = future.result()
+            try:
+                results[i] = future.result()
+            except Exception as error:  # noqa: BLE001 - one notebook's failure never stops the others
+                results[i] = [Row(names[i], "", "", False, f"the grader failed on this notebook: "
+                                  f"{type(error).__name__}: {error}", 0, 0, "")]
             if fingerprint(trusted) != before:
                 results[i] = tampered_rows(results[i], names[i])
             progress.step(names[i])

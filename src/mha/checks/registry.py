@@ -227,9 +227,14 @@ def problem_with(check, case, got, args, kwargs, peak=None):
     return compare_result(expected, got, check.returns)
 
 
+DTYPE_HINT = ("keep the input's dtype: float32 in, float32 out. A float64 NumPy scalar (np.sqrt(d), np.float64(...)) "
+              "or a float64 array in the arithmetic turns float32 into float64; use a Python float (d ** 0.5) "
+              "or .astype(x.dtype)")
+
+
 def failure_message(check, case, got, problem, fn_name, seed):
     """The whole message of a wrong answer: the case, the problem, the hint of a matching mistake, the seed."""
-    hint = matching_hint(check, case, got)
+    hint = DTYPE_HINT if "expected dtype" in problem else matching_hint(check, case, got)
     return (f"{check.name} gives a wrong answer on the case '{case.label}'\n"
             f"  input: {describe_case(reference(check.name), case)}\n  {problem}"
             + (f"\n  hint: {hint}" if hint else "") + "\n" + seed_line(check.name, fn_name, seed))

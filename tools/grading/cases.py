@@ -56,6 +56,17 @@ def reply_problem(check, case, reply):
                       f"  on the case '{case.label}' ({describe_case(registry.reference(check.name), case)})")
 
 
+def raise_problem(check, case, reply):
+    """None if the function raised the exception that `case` requires, else (status, message)."""
+    if reply.get("status") == "raised" and case.raises.__name__ in reply.get("types", []):
+        return None
+    if reply.get("status") == "returned":
+        return "failed", (f"{check.name} returned an answer on the case '{case.label}', where it must raise "
+                          f"{case.raises.__name__}")
+    status, message = reply_problem(check, case, reply)
+    return status, message + (f" (it must raise {case.raises.__name__} here)" if status == "failed" else "")
+
+
 def answer(reply):
     """(result, args, kwargs) decoded from a reply: ValueError/TypeError if they are not plain data."""
     result = wire.untag(reply["result"], rebuild=toy_model)
@@ -76,6 +87,8 @@ def judge_case(session, worker, check, function, case, seed):
         worker.kill()  # out of memory: at the limit, the worker goes, and the notebook's other checks fail
         session.stopped = f"used more than {session.limits.memory_bytes / 2**30:g} GiB"
         raise LimitReached(session.stopped)
+    if case.raises is not None:
+        return raise_problem(check, case, reply)
     problem = reply_problem(check, case, reply)
     if problem:
         return problem

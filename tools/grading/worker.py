@@ -11,7 +11,7 @@ stderr are moved there before any of it runs). Requests:
     {"op": "call", "function": name, "args": tagged, "kwargs": tagged}
         -> {"status": "returned", "result": tagged, "args": tagged, "kwargs": tagged}
            (the arguments as the function left them), or {"status": "missing" | "not written" |
-           "raised" | "unsendable", "message": ...}
+           "raised" | "unsendable", "message": ...} (with "raised", "types": the exception's classes)
 
 The packages named on the command line cannot be imported (inside bubblewrap they are
 also hidden from the file system; this is the second lock, and the only one without it).
@@ -88,7 +88,8 @@ def call(namespace, request):
     except NotImplementedError as error:
         return {"status": "not written", "message": str(error)}
     except BaseException as error:  # noqa: BLE001 - sent to the grader, which decides
-        return {"status": "raised", "message": f"{type(error).__name__}: {error}"}
+        return {"status": "raised", "message": f"{type(error).__name__}: {error}",
+                "types": [kind.__name__ for kind in type(error).__mro__]}
     try:
         return {"status": "returned", "result": wire.tag(result), "args": wire.tag(args), "kwargs": wire.tag(kwargs)}
     except TypeError as error:

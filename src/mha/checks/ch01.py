@@ -5,24 +5,51 @@ import math
 
 import numpy as np
 
-from mha.checks.inputs import batch, normal, rng, sizes
+from mha.checks.inputs import batch, normal, rng, scores_far_apart, sizes
 from mha.checks.reference import NUMPY as mn
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
+
+# What the exercises may not call (`forbids`): the library functions that hand back softmax weights of scores
+# the caller chooses. With identity weights (or keys chosen to give the wanted scores), each of them computes a
+# softmax, and the attention functions compute each other.
+BLOCK_ROUTES = ("encoder_block", "encoder", "decoder_block", "decoder")  # they return multihead_attention's weights
+ATTENTION_ROUTES = ("self_attention", "symmetric_attention", "scaled_dot_product_attention", "head_attention",
+                    "multihead_attention_loop", "multihead_attention", "chunked_attention", "attend_with_cache",
+                    "grouped_query_attention") + BLOCK_ROUTES
+SOFTMAX_ROUTES = ("softmax", "masked_softmax", "masked_softmax_", "log_softmax", "cross_entropy", "causal_lm_loss",
+                  "decoder_only_transformer") + ATTENTION_ROUTES
+
+
+def routes_but(routes, *allowed):
+    """`routes` without the names in `allowed` (the exercise's own name, what its text permits)."""
+    return tuple(name for name in routes if name not in allowed)
+
 
 # softmax ------------------------------------------------------------------------------
 
 
-@cases_for("softmax", may_use="NumPy (no library softmax)")
+def large_logits():
+    """(3, 3) logits above 709, where exp overflows, in rows thousands apart: a maximum taken over the whole
+    array (1002) underflows the last row (about -3000) to 0 / 0."""
+    return np.array([[1000.0, 1001.0, 1002.0], [-1000.0, 0.0, 1000.0], [-3000.0, -2999.0, -2998.0]])
+
+
+@cases_for("softmax", may_use="NumPy only (no library softmax: not mnp.softmax, mnp.masked_softmax or "
+                              "mnp.log_softmax)", forbids=routes_but(SOFTMAX_ROUTES, "softmax"))
 def softmax_cases():
-    """A vector, rows, other axes, and logits so large that exp overflows, in rows far apart."""
+    """A vector, rows, other axes, every negative axis of a 4-D array, and logits so large that exp
+    overflows (above 709), in rows, then in columns, thousands apart; in float32, above 88."""
     r = rng()
+    four_d = r.standard_normal((2, 3, 4, 5))
     return [
         Case("a vector", (r.standard_normal(5),)),
         Case("rows of a matrix", (3 * r.standard_normal((3, 5)),)),
         Case("axis=0 of a matrix", (r.standard_normal((4, 3)),), {"axis": 0}),
         Case("axis=1 of a 3-D array", (r.standard_normal((2, 3, 4)),), {"axis": 1}),
-        Case("large logits", (np.array([[1000.0, 1001.0, 1002.0], [-1000.0, 0.0, 1000.0],
-                                        [-3000.0, -2999.0, -2998.0]]),)),
+        *[Case(f"axis={axis} of a 4-D array", (four_d,), {"axis": axis}) for axis in (-2, -3, -4)],
+        Case("large logits", (large_logits(),)),
+        Case("large logits, columns far apart, axis=0", (large_logits().T.copy(),), {"axis": 0}),
+        Case("float32 logits above 88, rows far apart", ((large_logits() / 10).astype(np.float32),)),
     ]
 
 
@@ -48,6 +75,12 @@ def softmax_along(x, axis):
     x = np.asarray(x, dtype=float)
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
+
+
+@mistake("softmax", "a negative axis counts from the end: axis=-2 is the second-to-last axis, not the last; "
+         "hand `axis` as it is to np.max and np.sum")
+def softmax_negative_axis_as_last(x, axis=-1):
+    return softmax_along(x, -1 if axis < 0 else axis)
 
 
 @mistake("softmax", "the softmax is taken over the wrong axis: normalise along `axis`")
@@ -80,20 +113,58 @@ def softmax_global_max(x, axis=-1):
         return e / e.sum(axis=axis, keepdims=True)
 
 
+@mistake("softmax", "the log-sum-exp overflows: compute it as m + log(sum(exp(x - m))), with m the maximum "
+         "along `axis` (keepdims=True)")
+def softmax_log_sum_exp_without_max(x, axis=-1):
+    x = np.asarray(x, dtype=float)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        return np.exp(x - np.log(np.exp(x).sum(axis=axis, keepdims=True)))
+
+
+@mistake("softmax", "in the log-sum-exp, m is the maximum of each slice along `axis` (keepdims=True), not of the "
+         "whole array: a slice far below it gets log(0)")
+def softmax_log_sum_exp_global_max(x, axis=-1):
+    x = np.asarray(x, dtype=float)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        lse = x.max() + np.log(np.exp(x - x.max()).sum(axis=axis, keepdims=True))
+        return np.exp(x - lse)
+
+
+def naive_softmax(scores, mask=None, *, shift=None, zero_when_empty=False):
+    """A softmax over the last axis as learners write it by hand, right for a row with nothing to attend to
+    (zero weights), for the attention checks' mistakes: with shift=None exp overflows above 709; with
+    shift="global" the maximum of ALL the scores is subtracted, so a row far below it underflows to 0 / 0 (to
+    zeros with zero_when_empty, as when a learner guards the rows that sum to 0). A masked entry is -inf."""
+    scores = np.asarray(scores)
+    keep = np.ones(scores.shape, dtype=bool) if mask is None else np.broadcast_to(mask, scores.shape)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scores = np.where(keep, scores, -np.inf)
+        if shift == "global":
+            finite = scores[np.isfinite(scores)]
+            scores = scores - (finite.max() if finite.size else 0.0)
+        e = np.exp(scores)
+        total = e.sum(axis=-1, keepdims=True)
+        w = np.divide(e, total, out=np.zeros_like(e), where=total > 0) if zero_when_empty else e / total
+        return np.where(keep.any(axis=-1, keepdims=True), w, 0.0)
+
+
 check_softmax = make_check("softmax")
 
 # self-attention -----------------------------------------------------------------------
 
 
-@cases_for("self_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy, mnp.softmax and mnp.masked_softmax")
+@cases_for("self_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy, mnp.softmax and mnp.masked_softmax",
+           forbids=routes_but(ATTENTION_ROUTES, "self_attention"))
 def self_attention_cases():
-    """With and without a batch, with exclude_self, and one token that may attend to nothing."""
+    """With and without a batch, with exclude_self, one token that may attend to nothing, and scores
+    above 2000 in one row and near 0 in another."""
     r = rng()
     return [
         Case("one sequence", (r.standard_normal((4, 3)),)),
         Case("a batch", (r.standard_normal((2, 5, 3)),)),
         Case("exclude_self", (r.standard_normal((4, 6)),), {"exclude_self": True}),
         Case("T = 1 with exclude_self", (r.standard_normal((1, 3)),), {"exclude_self": True}),
+        Case("scores above 709 in one row, near 0 in another", (scores_far_apart(4),)),
     ]
 
 
@@ -109,11 +180,13 @@ def self_attention_random_cases(r):
     ]
 
 
-def _self_attention(X, exclude_self, *, scaled=True, excluded=True, axis=-1, nan_when_empty=False):
-    """Self-attention with one step changed, as the flags say."""
+def _self_attention(X, exclude_self, *, scaled=True, excluded=True, axis=-1, nan_when_empty=False, shift="row"):
+    """Self-attention with one step changed, as the flags say (shift: see naive_softmax; "row" is right)."""
     scores = X @ np.swapaxes(X, -1, -2) / (math.sqrt(X.shape[-1]) if scaled else 1.0)
     mask = ~np.eye(X.shape[-2], dtype=bool) if exclude_self and excluded else None
-    if axis == -1 and not nan_when_empty:
+    if shift != "row":
+        w = naive_softmax(scores, mask, shift=shift)
+    elif axis == -1 and not nan_when_empty:
         w = mn.masked_softmax(scores, mask)
     else:
         with np.errstate(invalid="ignore"):
@@ -140,6 +213,18 @@ def self_attention_nan_when_alone(X, exclude_self=False):
 @mistake("self_attention", "normalise each row (over keys, the last axis), not each column")
 def self_attention_column_softmax(X, exclude_self=False):
     return _self_attention(X, exclude_self, axis=-2)
+
+
+@mistake("self_attention", "exp overflows on scores above 709: subtract each row's maximum before "
+         "exponentiating (mnp.softmax and mnp.masked_softmax do)")
+def self_attention_softmax_without_max(X, exclude_self=False):
+    return _self_attention(X, exclude_self, shift=None)
+
+
+@mistake("self_attention", "subtract each row's own maximum, not the maximum of all the scores: a row far "
+         "below it underflows to 0 / 0")
+def self_attention_softmax_global_max(X, exclude_self=False):
+    return _self_attention(X, exclude_self, shift="global")
 
 
 check_self_attention = make_check("self_attention")

@@ -5,19 +5,24 @@ import math
 
 import numpy as np
 
-from mha.checks.inputs import batch, different_sizes, normal, rng, sizes, weights
+from mha.checks.ch01 import ATTENTION_ROUTES, naive_softmax, routes_but
+from mha.checks.inputs import batch, different_sizes, normal, rng, scores_far_apart, sizes, weights
 from mha.checks.reference import NUMPY as mn
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
 
 
-@cases_for("symmetric_attention", returns=OUT_AND_WEIGHTS, may_use="np.einsum and mnp.softmax")
+@cases_for("symmetric_attention", returns=OUT_AND_WEIGHTS, may_use="np.einsum and mnp.softmax",
+           forbids=routes_but(ATTENTION_ROUTES, "symmetric_attention"))
 def symmetric_attention_cases():
-    """W narrower and wider than the inputs, with and without a batch, and T = 1."""
+    """W narrower and wider than the inputs, with and without a batch, T = 1, and scores above 2000 in one
+    row and near 0 in another (W twice the identity, then wider: scores (XW)(XW)^T / sqrt(d_embed))."""
     r = rng()
+    X = scores_far_apart(4)
     return [
         Case("W narrower than X", (r.standard_normal((5, 4)), weights(r, 4, 2))),
         Case("a batch, W wider than X", (r.standard_normal((2, 3, 3)), weights(r, 3, 5))),
         Case("T = 1", (r.standard_normal((1, 4)), weights(r, 4, 3))),
+        Case("scores above 709 in one row, near 0 in another", (X, np.eye(4, 6) * 2 ** 0.5)),
     ]
 
 
@@ -47,6 +52,25 @@ def symmetric_values_embedded(X, W):
     E = X @ W
     w = mn.softmax(E @ np.swapaxes(E, -1, -2) / math.sqrt(W.shape[1]))
     return w @ E, w
+
+
+def symmetric_with_own_softmax(X, W, shift):
+    """Symmetric attention, right but for a softmax written by hand (see naive_softmax)."""
+    E = X @ W
+    w = naive_softmax(E @ np.swapaxes(E, -1, -2) / math.sqrt(W.shape[1]), shift=shift)
+    return w @ X, w
+
+
+@mistake("symmetric_attention", "exp overflows on scores above 709: subtract each row's maximum before "
+         "exponentiating (mnp.softmax does)")
+def symmetric_softmax_without_max(X, W):
+    return symmetric_with_own_softmax(X, W, None)
+
+
+@mistake("symmetric_attention", "subtract each row's own maximum, not the maximum of all the scores: a row far "
+         "below it underflows to 0 / 0")
+def symmetric_softmax_global_max(X, W):
+    return symmetric_with_own_softmax(X, W, "global")
 
 
 check_symmetric_attention = make_check("symmetric_attention")

@@ -5,18 +5,26 @@ import math
 
 import numpy as np
 
-from mha.checks.inputs import (a_masked_row, batch, causal, different_sizes, normal, rng, sizes, weights,
-                               with_an_empty_row)
+from mha.checks.ch01 import ATTENTION_ROUTES, naive_softmax, routes_but
+from mha.checks.inputs import (a_masked_row, batch, causal, different_sizes, far_apart, key_only_mask, normal, rng,
+                               sizes, weights, with_an_empty_row)
 from mha.checks.reference import NUMPY as mn
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
+
+# Special cases of scaled dot-product attention only (Q = K, or values X): they do not do these exercises' work.
+ONLY_SELF_ATTENTION = ("self_attention", "symmetric_attention")
 
 # scaled dot-product attention ---------------------------------------------------------
 
 
-@cases_for("scaled_dot_product_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy and mnp.masked_softmax")
+@cases_for("scaled_dot_product_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy and mnp.masked_softmax",
+           forbids=routes_but(ATTENTION_ROUTES, "scaled_dot_product_attention", *ONLY_SELF_ATTENTION))
 def sdpa_cases():
-    """No mask, a query with nothing to attend to, batch and heads with a causal mask, T = 1."""
+    """No mask, a query with nothing to attend to, batch and heads with a causal mask, T = 1, a mask of
+    keys (B, 1, T_k) for 4 queries, a mask with batch and head axes, and scores above 1000 in one query's
+    row and near 0 in the others'."""
     r = rng()
+    Q_far, K_far = far_apart((2,), 3, 4, 3)
     return [
         Case("no mask", (r.standard_normal((4, 3)), r.standard_normal((5, 3)), r.standard_normal((5, 2)))),
         Case("a query with nothing to attend to",
@@ -25,6 +33,13 @@ def sdpa_cases():
         Case("batch and heads with a causal mask",
              tuple(r.standard_normal((2, 3, 4, 5)) for _ in range(3)), {"mask": causal(4)}),
         Case("T = 1", tuple(r.standard_normal((1, 3)) for _ in range(3))),
+        Case("a mask of keys (B, 1, T_k) for T_q = 4 queries: broadcast it to (B, T_q, T_k)",
+             (r.standard_normal((2, 4, 3)), r.standard_normal((2, 5, 3)), r.standard_normal((2, 5, 2))),
+             {"mask": key_only_mask(2, 5)}),
+        Case("a mask with batch and head axes (B, h, T_q, T_k)",
+             (r.standard_normal((2, 3, 4, 3)), r.standard_normal((2, 3, 5, 3)), r.standard_normal((2, 3, 5, 2))),
+             {"mask": with_an_empty_row(r, (2, 3, 4, 5))}),
+        Case("scores above 709 in one row, near 0 in the others", (Q_far, K_far, r.standard_normal((2, 4, 2)))),
     ]
 
 
@@ -97,16 +112,38 @@ def sdpa_query_axis(Q, K, V, mask=None):
     return w @ V, w
 
 
+def sdpa_with_own_softmax(Q, K, V, mask, shift):
+    """Scaled dot-product attention, right but for a softmax written by hand (see naive_softmax)."""
+    w = naive_softmax(Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1]), mask, shift=shift)
+    return w @ V, w
+
+
+@mistake("scaled_dot_product_attention", "exp overflows on scores above 709: subtract each row's maximum before "
+         "exponentiating (mnp.masked_softmax does)")
+def sdpa_softmax_without_max(Q, K, V, mask=None):
+    return sdpa_with_own_softmax(Q, K, V, mask, None)
+
+
+@mistake("scaled_dot_product_attention", "subtract each row's own maximum, not the maximum of all the scores: "
+         "a row far below it underflows to 0 / 0")
+def sdpa_softmax_global_max(Q, K, V, mask=None):
+    return sdpa_with_own_softmax(Q, K, V, mask, "global")
+
+
 check_scaled_dot_product_attention = make_check("scaled_dot_product_attention")
 
 # one head with W_q, W_k, W_v ----------------------------------------------------------
 
 
-@cases_for("head_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy (np.einsum) and mnp.masked_softmax")
+@cases_for("head_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy (np.einsum) and mnp.masked_softmax",
+           forbids=routes_but(ATTENTION_ROUTES, "head_attention", *ONLY_SELF_ATTENTION))
 def head_attention_cases():
-    """Without and with W_v, a batch with a masked row, and cross-attention to a context."""
+    """Without and with W_v, a batch with a masked row, cross-attention to a context, a mask of keys
+    (B, 1, T_k) for 4 queries, and scores above 1000 in one query's row and near 0 in the others'
+    (W_q = W_k = I: the queries and keys are X and the context themselves)."""
     r = rng()
     X = r.standard_normal((5, 4))
+    X_far, context_far = far_apart((2,), 3, 4, 3)
     return [
         Case("no W_v: values are the inputs", (X, weights(r, 4, 2), weights(r, 4, 2))),
         Case("with W_v", (X, weights(r, 4, 3), weights(r, 4, 3), weights(r, 4, 2))),
@@ -116,6 +153,11 @@ def head_attention_cases():
         Case("context (cross-attention)",
              (X, weights(r, 4, 2), weights(r, 6, 2), weights(r, 6, 3)),
              {"context": r.standard_normal((3, 6))}),
+        Case("a mask of keys (B, 1, T_k) for T_q = 4 queries: broadcast it to (B, T_q, T_k)",
+             (r.standard_normal((2, 4, 4)), weights(r, 4, 2), weights(r, 4, 2), weights(r, 4, 3)),
+             {"mask": key_only_mask(2, 4)}),
+        Case("scores above 709 in one row, near 0 in the others",
+             (X_far, np.eye(3), np.eye(3), weights(r, 3, 2)), {"context": context_far}),
     ]
 
 
@@ -154,6 +196,25 @@ def head_attention_scaled_by_input(X, W_q, W_k, W_v=None, *, context=None, mask=
     V = source if W_v is None else source @ W_v
     scale = math.sqrt(Q.shape[-1] / X.shape[-1])  # turns 1/sqrt(d_head) into 1/sqrt(d)
     return mn.scaled_dot_product_attention(Q * scale, K, V, mask)
+
+
+def head_with_own_softmax(X, W_q, W_k, W_v, context, mask, shift):
+    """One head, right but for a softmax written by hand (see naive_softmax)."""
+    source = X if context is None else context
+    V = source if W_v is None else source @ W_v
+    return sdpa_with_own_softmax(X @ W_q, source @ W_k, V, mask, shift)
+
+
+@mistake("head_attention", "exp overflows on scores above 709: subtract each row's maximum before "
+         "exponentiating (mnp.masked_softmax does)")
+def head_attention_softmax_without_max(X, W_q, W_k, W_v=None, *, context=None, mask=None):
+    return head_with_own_softmax(X, W_q, W_k, W_v, context, mask, None)
+
+
+@mistake("head_attention", "subtract each row's own maximum, not the maximum of all the scores: a row far "
+         "below it underflows to 0 / 0")
+def head_attention_softmax_global_max(X, W_q, W_k, W_v=None, *, context=None, mask=None):
+    return head_with_own_softmax(X, W_q, W_k, W_v, context, mask, "global")
 
 
 check_head_attention = make_check("head_attention")

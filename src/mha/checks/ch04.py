@@ -3,22 +3,38 @@ its catalogued mistakes."""
 
 import numpy as np
 
-from mha.checks.inputs import causal, different_sizes, normal, rng, sizes, weights, with_an_empty_row
+from mha.checks.ch01 import BLOCK_ROUTES
+from mha.checks.ch03 import head_with_own_softmax
+from mha.checks.inputs import causal, different_sizes, far_apart, normal, rng, sizes, weights, with_an_empty_row
 from mha.checks.reference import NUMPY as mn
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
 
+# The library functions that do the loop's work, all heads and W_o. Not scaled_dot_product_attention nor
+# chunked_attention: they attend one head (or a stack of heads) as the permitted mnp.head_attention does.
+LOOP_ROUTES = ("multihead_attention", "attend_with_cache", "grouped_query_attention") + BLOCK_ROUTES
 
-@cases_for("multihead_attention_loop", returns=OUT_AND_WEIGHTS, may_use="NumPy and mnp.head_attention")
+
+@cases_for("multihead_attention_loop", returns=OUT_AND_WEIGHTS, may_use="NumPy and mnp.head_attention",
+           forbids=LOOP_ROUTES)
 def loop_cases():
-    """Narrow heads, wide heads on a batch with a causal mask, and one head."""
+    """Narrow heads, wide heads on a batch with a causal mask, one head, a padding mask with a batch axis
+    (B, 1, 1, T_k) for 3 sequences and 2 heads, and scores above 1000 in one query's row and near 0 in the
+    others' (W_q = W_k = I)."""
     r = rng()
     narrow = [(weights(r, 6, 3), weights(r, 6, 3), weights(r, 6, 3)) for _ in range(2)]
     wide = [(weights(r, 4, 4), weights(r, 4, 4), weights(r, 4, 4)) for _ in range(3)]
+    X_far, context_far = far_apart((2,), 3, 4, 3)
+    identity = [(np.eye(3), np.eye(3), weights(r, 3, 2)) for _ in range(2)]
     return [
         Case("2 narrow heads", (r.standard_normal((5, 6)), narrow, weights(r, 6, 6))),
         Case("3 wide heads, a batch, causal", (r.standard_normal((2, 4, 4)), wide, weights(r, 12, 4)),
              {"mask": causal(4)}),
         Case("1 head", (r.standard_normal((3, 6)), narrow[:1], weights(r, 3, 6))),
+        Case("a padding mask with a batch axis (B, 1, 1, T_k), B = 3 sequences, 2 heads",
+             (r.standard_normal((3, 4, 6)), narrow, weights(r, 6, 5)),
+             {"mask": np.arange(4) < np.array([4, 2, 1])[:, None, None, None]}),
+        Case("scores above 709 in one row, near 0 in the others", (X_far, identity, weights(r, 4, 3)),
+             {"context": context_far}),
     ]
 
 
@@ -50,15 +66,18 @@ def loop_random_cases(r):
     ]
 
 
-def _loop(X, heads, W_o, *, context=None, mask=None, project=True, mask_per_head=True):
-    """The loop over heads with one step changed, as the flags say."""
+def _loop(X, heads, W_o, *, context=None, mask=None, project=True, mask_per_head=True, shift="row"):
+    """The loop over heads with one step changed, as the flags say (shift: see ch01.naive_softmax)."""
     source = X if context is None else context
     shape = (*np.broadcast_shapes(X.shape[:-2], source.shape[:-2]), len(heads), X.shape[-2], source.shape[-2])
     full = None if mask is None else np.broadcast_to(mask, shape)
     outputs, maps = [], []
     for i, (W_q, W_k, W_v) in enumerate(heads):
         own = None if mask is None else (full[..., i, :, :] if mask_per_head else np.asarray(mask)[i])
-        out, w = mn.head_attention(X, W_q, W_k, W_v, context=context, mask=own)
+        if shift == "row":
+            out, w = mn.head_attention(X, W_q, W_k, W_v, context=context, mask=own)
+        else:
+            out, w = head_with_own_softmax(X, W_q, W_k, W_v, context, own, shift)
         outputs.append(out)
         maps.append(w)
     concat = np.concatenate(outputs, axis=-1)
@@ -71,9 +90,22 @@ def loop_without_W_o(X, heads, W_o, *, context=None, mask=None):
 
 
 @mistake("multihead_attention_loop", "head i uses mask[..., i, :, :] once the mask is broadcast to "
-         "(..., h, T_q, T_k): a (T_q, T_k) mask applies to every head, and mask[i] would be its row i")
+         "(..., h, T_q, T_k): a (T_q, T_k) mask applies to every head (mask[i] would be its row i), and so does "
+         "a (B, 1, 1, T_k) mask (mask[i] would be sequence i's)")
 def loop_mask_indexed_before_broadcasting(X, heads, W_o, *, context=None, mask=None):
     return _loop(X, heads, W_o, context=context, mask=mask, mask_per_head=False)
+
+
+@mistake("multihead_attention_loop", "exp overflows on scores above 709: subtract each row's maximum before "
+         "exponentiating (mnp.head_attention does)")
+def loop_softmax_without_max(X, heads, W_o, *, context=None, mask=None):
+    return _loop(X, heads, W_o, context=context, mask=mask, shift=None)
+
+
+@mistake("multihead_attention_loop", "subtract each row's own maximum, not the maximum of all the scores: a row "
+         "far below it underflows to 0 / 0")
+def loop_softmax_global_max(X, heads, W_o, *, context=None, mask=None):
+    return _loop(X, heads, W_o, context=context, mask=mask, shift="global")
 
 
 check_multihead_attention_loop = make_check("multihead_attention_loop")

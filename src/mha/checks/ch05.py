@@ -6,15 +6,23 @@ import math
 
 import numpy as np
 
-from mha.checks.inputs import (a_masked_row, attention_params, batch, cast, causal, normal, padding, rng, sizes,
-                               with_an_empty_row)
+from mha.checks.ch01 import BLOCK_ROUTES, naive_softmax
+from mha.checks.inputs import (a_masked_row, attention_params, batch, cast, causal, far_apart, normal, padding, rng,
+                               sizes, with_an_empty_row)
 from mha.checks.reference import NUMPY as mn
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
+
+# The library functions that do a step of multi-head attention (the text allows none of mha): the softmax, the
+# heads' split and merge, the projections, the attention of one or all heads, and the layers built on them.
+MULTIHEAD_ROUTES = ("softmax", "masked_softmax", "masked_softmax_", "log_softmax", "split_heads", "merge_heads",
+                    "heads_from_fused", "project", "scaled_dot_product_attention", "head_attention",
+                    "multihead_attention_loop", "chunked_attention", "attend_with_cache",
+                    "grouped_query_attention") + BLOCK_ROUTES
 
 # split and merge heads ----------------------------------------------------------------
 
 
-@cases_for("split_heads", may_use="NumPy slicing and np.stack")
+@cases_for("split_heads", may_use="NumPy slicing and np.stack", forbids=("heads_from_fused",))
 def split_heads_cases():
     """With and without a batch, h = 1 and d_head = 1."""
     r = rng()
@@ -87,7 +95,8 @@ check_merge_heads = make_check("merge_heads")
 # masks --------------------------------------------------------------------------------
 
 
-@cases_for("causal_mask", may_use="NumPy: compare positions, without np.tril or np.triu")
+@cases_for("causal_mask", may_use="NumPy: compare positions, without np.tril or np.triu",
+           forbids=("causal_mask_after",))
 def causal_mask_cases():
     """One token and two longer sequences."""
     return [Case("T = 1", (1,)), Case("T = 4", (4,)), Case("T = 7", (7,))]
@@ -121,8 +130,10 @@ check_causal_mask = make_check("causal_mask")
 
 @cases_for("padding_mask")
 def padding_mask_cases():
-    """Three lengths, one of them 0, and a single sequence."""
-    return [Case("three lengths", (np.array([3, 5, 0]), 5)), Case("one sequence", (np.array([2]), 4))]
+    """Three lengths, one of them 0, a single sequence, and lengths in a Python list, as the chapter
+    passes them (mnp.padding_mask([5, 3, 1], 5))."""
+    return [Case("three lengths", (np.array([3, 5, 0]), 5)), Case("one sequence", (np.array([2]), 4)),
+            Case("lengths in a Python list: make an array of them first", ([4, 0, 2, 1], 4))]
 
 
 @random_cases_for("padding_mask")
@@ -164,12 +175,17 @@ check_padding_mask = make_check("padding_mask")
 # multi-head attention in matrix form --------------------------------------------------
 
 
-@cases_for("multihead_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy, nothing from mha")
+@cases_for("multihead_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy, nothing from mha",
+           forbids=MULTIHEAD_ROUTES)
 def multihead_cases():
-    """Padding, a causal mask, h = 1 without biases, and cross-attention with a masked row, where W_q
-    maps the inputs' width 6 to 8 (two heads of 4) and W_o maps 8 to 5."""
+    """Padding, a causal mask, h = 1 without biases, cross-attention with a masked row, where W_q maps
+    the inputs' width 6 to 8 (two heads of 4) and W_o maps 8 to 5, a mask of its own for each sequence
+    and head, and scores above 1000 in one query's row and near 0 in the others' (W_q = W_k = [I I])."""
     r = rng()
     X = r.standard_normal((3, 5, 6))
+    X_far, context_far = far_apart((2,), 3, 4, 3)
+    far = {"W_q": np.hstack([np.eye(3)] * 2), "W_k": np.hstack([np.eye(3)] * 2),
+           "W_v": r.standard_normal((3, 6)), "W_o": r.standard_normal((6, 4)), "b_o": r.standard_normal(4)}
     return [
         Case("a batch with padding", (X,), {**attention_params(r, 6), "n_heads": 2,
                                              "mask": mn.padding_mask([5, 3, 1], 5)}),
@@ -178,6 +194,10 @@ def multihead_cases():
         Case("cross-attention with a masked row", (X[0],),
              {**attention_params(r, 6, width=8, d_out=5), "n_heads": 2, "context": r.standard_normal((4, 6)),
               "mask": a_masked_row(5, 4, 3)}),
+        Case("a mask per sequence and head (B, h, T_q, T_k)", (X,),
+             {**attention_params(r, 6), "n_heads": 2, "mask": with_an_empty_row(r, (3, 2, 5, 5))}),
+        Case("scores above 709 in one row, near 0 in the others", (X_far,),
+             {**far, "n_heads": 2, "context": context_far}),
     ]
 
 
@@ -212,9 +232,10 @@ def multihead_random_cases(r):
 
 
 def _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, *, split=mn.split_heads, merge=mn.merge_heads,
-           scale_by=None, biases=True, project_out=True, flip_mask=False, nan_when_empty=False):
+           scale_by=None, biases=True, project_out=True, flip_mask=False, nan_when_empty=False, softmax=None):
     """Multi-head attention with one step changed, as the keywords say; `scale_by(X, Q, n_heads)` is
-    the width whose square root divides the scores (default d_head)."""
+    the width whose square root divides the scores (default d_head); `softmax(scores, mask)` replaces
+    the masked softmax."""
     bias = {b: kw.get(b) if biases else None for b in ("b_q", "b_k", "b_v", "b_o")}
     source = X if kw.get("context") is None else kw["context"]
     Q, K, V = (split(a @ W + (0 if bias[b] is None else bias[b]), n_heads)
@@ -222,7 +243,9 @@ def _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, *, split=mn.split_heads, merge=mn
     width = Q.shape[-1] if scale_by is None else scale_by(X, Q, n_heads)
     scores, mask = Q @ np.swapaxes(K, -1, -2) / math.sqrt(width), kw.get("mask")
     mask = None if mask is None else (~np.asarray(mask) if flip_mask else mask)
-    if nan_when_empty:
+    if softmax is not None:
+        w = softmax(scores, mask)
+    elif nan_when_empty:
         with np.errstate(invalid="ignore"):
             w = mn.softmax(scores if mask is None else np.where(mask, scores, -np.inf))
     else:
@@ -280,6 +303,25 @@ def mha_ignores_biases(X, W_q, W_k, W_v, W_o, n_heads, **kw):
          "output, not NaN: once its scores are all -inf, subtract 0 instead of their maximum")
 def mha_nan_on_a_masked_row(X, W_q, W_k, W_v, W_o, n_heads, **kw):
     return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, nan_when_empty=True)
+
+
+@mistake("multihead_attention", "exp overflows on scores above 709: subtract each row's maximum (over its "
+         "allowed keys) before exponentiating")
+def mha_softmax_without_max(X, W_q, W_k, W_v, W_o, n_heads, **kw):
+    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, softmax=lambda s, m: naive_softmax(s, m, shift=None))
+
+
+@mistake("multihead_attention", "subtract each row's own maximum, not the maximum of all the scores (every row, "
+         "head and sequence): a row far below it underflows to 0 / 0")
+def mha_softmax_global_max(X, W_q, W_k, W_v, W_o, n_heads, **kw):
+    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, softmax=lambda s, m: naive_softmax(s, m, shift="global"))
+
+
+@mistake("multihead_attention", "subtract each row's own maximum, not the maximum of all the scores (every row, "
+         "head and sequence): a row far below it underflows to all-zero weights, as if it had no key to attend to")
+def mha_softmax_global_max_guarded(X, W_q, W_k, W_v, W_o, n_heads, **kw):
+    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw,
+                  softmax=lambda s, m: naive_softmax(s, m, shift="global", zero_when_empty=True))
 
 
 check_multihead_attention = make_check("multihead_attention")

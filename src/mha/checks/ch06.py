@@ -5,16 +5,24 @@ import math
 
 import numpy as np
 
-from mha.checks.inputs import attention_params, batch, cast, causal, normal, padding, rng, sizes, weights
+from mha.checks.ch01 import BLOCK_ROUTES
+from mha.checks.ch05 import mha_softmax_global_max, mha_softmax_without_max
+from mha.checks.inputs import (attention_params, batch, cast, causal, normal, padding, rng, scores_far_apart, sizes,
+                               weights)
 from mha.checks.reference import NUMPY as mn
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
+
+# The library functions built on LayerNorm, the feed-forward network and the encoder block: each computes them
+# with the right parameters (a block with zero attention weights, say), so the exercises forbid them.
+LAYERS = BLOCK_ROUTES + ("decoder_only_transformer",)
 
 # layer norm ---------------------------------------------------------------------------
 
 
-@cases_for("layer_norm", may_use="NumPy sums (no np.mean, np.var or np.std)")
+@cases_for("layer_norm", may_use="NumPy sums (no np.mean, np.var or np.std)", forbids=LAYERS)
 def layer_norm_cases():
-    """A batch, one vector, and a large eps; the inputs are far from mean 0 and variance 1."""
+    """A batch, one vector, a large eps, and vectors of mean 1e4 with a spread of 0.01 (where the variance
+    as mean(x^2) - mean^2 loses its digits); the inputs are far from mean 0 and variance 1."""
     r = rng()
     X = 2 + 3 * r.standard_normal((2, 4, 6))
     gamma, beta = 1 + 0.5 * r.standard_normal(6), r.standard_normal(6)
@@ -22,6 +30,7 @@ def layer_norm_cases():
         Case("a batch", (X, gamma, beta)),
         Case("one vector", (X[0, 0], gamma, beta)),
         Case("a large eps", (X[0], gamma, beta), {"eps": 0.5}),
+        Case("a large mean (1e4) and a small spread (0.01)", (1e4 + 0.01 * r.standard_normal((3, 6)), gamma, beta)),
     ]
 
 
@@ -68,20 +77,31 @@ def layer_norm_no_affine(X, gamma, beta, eps=1e-5):
     return (X - mean) / np.sqrt(X.var(-1, keepdims=True) + eps)
 
 
+@mistake("layer_norm", "compute the variance as the mean of (x - mean)^2, not as mean(x^2) - mean^2: with a "
+         "large mean the two large terms cancel and the variance loses its digits")
+def layer_norm_one_pass_variance(X, gamma, beta, eps=1e-5):
+    mean = X.mean(-1, keepdims=True)
+    var = (X * X).mean(-1, keepdims=True) - mean * mean
+    out = (X - mean) / np.sqrt(var + eps) * gamma
+    return out if beta is None else out + beta
+
+
 check_layer_norm = make_check("layer_norm")
 
 # feed-forward -------------------------------------------------------------------------
 
 
-@cases_for("feed_forward", may_use="NumPy and scipy.special.erf (not mnp.relu or mnp.gelu)")
+@cases_for("feed_forward", may_use="NumPy and scipy.special.erf or math.erf (not mnp.relu or mnp.gelu)",
+           forbids=("relu", "gelu", "gelu_tanh") + LAYERS, packages=("scipy",))
 def feed_forward_cases():
-    """The same weights with ReLU and with GELU."""
+    """The same weights with ReLU and with GELU; an unknown activation name, which must raise ValueError."""
     r = rng()
     X = r.standard_normal((2, 3, 4))
     params = (weights(r, 4, 8), r.standard_normal(8), weights(r, 8, 4), r.standard_normal(4))
     return [
         Case("relu", (X, *params)),
         Case("gelu", (X, *params), {"activation": "gelu"}),
+        Case("an unknown activation name: ValueError", (X, *params), {"activation": "swish"}, raises=ValueError),
     ]
 
 
@@ -139,15 +159,21 @@ def block_params(r, d, d_ff, bias=True):
 
 
 @cases_for("encoder_block", returns=OUT_AND_WEIGHTS,
-           may_use="mnp.multihead_attention, mnp.layer_norm and mnp.feed_forward")
+           may_use="mnp.multihead_attention, mnp.layer_norm and mnp.feed_forward",
+           forbids=("encoder", "decoder_block", "decoder", "decoder_only_transformer"), packages=("scipy",))
 def encoder_block_cases():
-    """Post-norm with padding, and pre-norm with GELU."""
+    """Post-norm with padding, pre-norm with GELU, and attention scores above 2000 in one row and near 0 in
+    another (W_q = W_k = [I I], two heads of the model's width)."""
     r = rng()
     params = block_params(r, 6, 10)
     X = r.standard_normal((2, 4, 6))
+    far = {**block_params(r, 4, 6), "W_q": np.hstack([np.eye(4)] * 2), "W_k": np.hstack([np.eye(4)] * 2),
+           "W_v": weights(r, 4, 8), "b_v": 0.3 * r.standard_normal(8), "W_o": weights(r, 8, 4), "b_q": None,
+           "b_k": None}
     return [
         Case("post-norm with padding", (X, 2), {**params, "mask": mn.padding_mask([4, 2], 4)}),
         Case("pre-norm, gelu", (X, 3), {**params, "norm_first": True, "activation": "gelu"}),
+        Case("attention scores above 709 in one row, near 0 in another", (scores_far_apart(4), 2), far),
     ]
 
 
@@ -169,8 +195,9 @@ def encoder_block_random_cases(r):
 
 
 def _block(X, n_heads, params, *, mask, norm_first, eps, activation, residual=True, flip_norm=False,
-           ff_activation=None):
-    """An encoder block with one step changed, as the flags say."""
+           ff_activation=None, attention_fn=mn.multihead_attention):
+    """An encoder block with one step changed, as the flags say; `attention_fn` in place of
+    mnp.multihead_attention."""
     p = {k: params.get(k) for k in mn.BLOCK_PARAMS}
     attention = {k: p[k] for k in mn.ATTENTION_PARAMS}
 
@@ -184,10 +211,10 @@ def _block(X, n_heads, params, *, mask, norm_first, eps, activation, residual=Tr
 
     r = 1.0 if residual else 0.0
     if norm_first != flip_norm:
-        a, w = mn.multihead_attention(ln(X, 1), n_heads=n_heads, mask=mask, **attention)
+        a, w = attention_fn(ln(X, 1), n_heads=n_heads, mask=mask, **attention)
         X = r * X + a
         return r * X + ff(ln(X, 2)), w
-    a, w = mn.multihead_attention(X, n_heads=n_heads, mask=mask, **attention)
+    a, w = attention_fn(X, n_heads=n_heads, mask=mask, **attention)
     X = ln(r * X + a, 1)
     return ln(r * X + ff(X), 2), w
 
@@ -209,6 +236,20 @@ def block_norm_swapped(X, n_heads, *, mask=None, norm_first=False, eps=1e-5, act
 def block_without_activation(X, n_heads, *, mask=None, norm_first=False, eps=1e-5, activation="relu", **params):
     return _block(X, n_heads, params, mask=mask, norm_first=norm_first, eps=eps, activation=activation,
                   ff_activation=lambda h: h)
+
+
+@mistake("encoder_block", "the attention's softmax overflows on scores above 709: subtract each row's maximum "
+         "before exponentiating (mnp.multihead_attention does)")
+def block_softmax_without_max(X, n_heads, *, mask=None, norm_first=False, eps=1e-5, activation="relu", **params):
+    return _block(X, n_heads, params, mask=mask, norm_first=norm_first, eps=eps, activation=activation,
+                  attention_fn=mha_softmax_without_max)
+
+
+@mistake("encoder_block", "in the attention's softmax, subtract each row's own maximum, not the maximum of all "
+         "the scores: a row far below it underflows to 0 / 0")
+def block_softmax_global_max(X, n_heads, *, mask=None, norm_first=False, eps=1e-5, activation="relu", **params):
+    return _block(X, n_heads, params, mask=mask, norm_first=norm_first, eps=eps, activation=activation,
+                  attention_fn=mha_softmax_global_max)
 
 
 check_encoder_block = make_check("encoder_block")

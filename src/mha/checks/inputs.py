@@ -80,3 +80,39 @@ def attention_params(r, d, bias=True, width=None, d_out=None):
         params.update({f"b_{n}": 0.3 * r.standard_normal(width) for n in "qkv"})
         params["b_o"] = 0.3 * r.standard_normal(d_out)
     return params
+
+
+# The traps of the named cases: fixed numbers that a wrong solution cannot pass by luck ----------
+
+
+def scores_far_apart(d=4):
+    """(T, d) = (4, d) tokens whose self-attention scores X X^T / sqrt(d) reach above 1100 in row 0 (exp
+    overflows past 709) while row 2's largest score is about 1 (about 1100 below, so that one maximum for
+    all rows underflows row 2 to 0 / 0). Rows 1 and 3 are ordinary tokens."""
+    X = rng().standard_normal((4, d))
+    X[0] = 0.0
+    X[0, 0] = 45.0 * d ** 0.25  # X[0] . X[0] / sqrt(d) = 2025
+    X[2] = 0.0
+    X[2, 1:] = 0.5  # orthogonal to X[0]: its row of scores stays near 0
+    return X
+
+
+def far_apart(lead, T_q, T_k, d, dtype=np.float64):
+    """Q (lead + (T_q, d)) and K (lead + (T_k, d)) whose scores Q K^T / sqrt(d) are 1000 to 1004 in query 0
+    and within a few units of 0 in the other queries: a softmax without the shift by each row's
+    maximum overflows in row 0, and one shifted by the maximum of all rows underflows the others to 0 / 0."""
+    r = rng()
+    Q, K = r.standard_normal(lead + (T_q, d)), r.standard_normal(lead + (T_k, d))
+    Q[..., 0, :] = 0.0
+    Q[..., 0, 0] = 40.0 * np.sqrt(d)  # query 0's scores are 40 K[..., j, 0] ...
+    K[..., :, 0] = np.linspace(25.0, 25.1, T_k)  # ... from 1000 to 1004: weights spread over the keys
+    Q[..., 1:, 0] = 0.0  # the other queries ignore that feature: their scores stay ordinary
+    return Q.astype(dtype), K.astype(dtype)
+
+
+def key_only_mask(B, T_k):
+    """(B, 1, T_k) boolean: a mask of keys (the same for every query), with a sequence that has no key."""
+    mask = np.ones((B, 1, T_k), dtype=bool)
+    mask[0, 0, T_k // 2:] = False
+    mask[-1] = False
+    return mask

@@ -45,13 +45,16 @@ class CheckFailed(AssertionError):
 
 @dataclass
 class Case:
-    """One input to try: a label for the messages, and the arguments. `peak_bytes`, when set, is the
+    """One input to try: a label for the messages, and the arguments. `raises`: see below. `peak_bytes`, when set, is the
     most memory that one call may take beyond its inputs and its result (chunked attention: far less
     than a T x T array); the notebook's check measures it with tracemalloc, the grader from outside."""
     label: str
     args: tuple
     kwargs: dict = field(default_factory=dict)
     peak_bytes: int | None = None
+    # The exception that the text requires on this case (say ValueError for an unknown name): the
+    # learner's function must raise it (or a subclass); an answer, or another error, is wrong.
+    raises: type | None = None
 
     def arguments(self):
         """Copies of (args, kwargs), so that no function can change the case for the next."""
@@ -142,12 +145,14 @@ def all_mistakes():
 
 
 def matching_hint(check, case, got):
-    """The hint of the first catalogued mistake whose answer equals `got`, if any."""
+    """The hint of the first catalogued mistake whose answer equals `got`, if any (a mistake that gives
+    the right answer on this case says nothing about it, and is passed over)."""
+    right = expected_answer(check.name, case)
     for m in check.mistakes:
         try:
             with np.errstate(all="ignore"):
                 wrong = case.call(m.fn)
-            if same_answer(wrong, got, check.returns):
+            if same_answer(wrong, got, check.returns) and not same_answer(wrong, right, check.returns):
                 return m.hint
         except Exception:
             continue
@@ -186,15 +191,25 @@ def call_learner(check, fn, case, seed):
             f"{check.name} calls mha's own {check.name}, the function this exercise asks you to write: "
             f"write it yourself, using only {check.may_use}\n"
             f"  on the case '{case.label}'\n{seed_line(check.name, fn, seed)}")
+    if case.raises is not None and failure is None:
+        raise CheckFailed(
+            f"{check.name} returned an answer on the case '{case.label}', where it must raise "
+            f"{case.raises.__name__} ({describe_case(reference(check.name), case)})\n{seed_line(check.name, fn, seed)}")
+    if case.raises is not None and isinstance(failure, case.raises):
+        return RAISED_AS_REQUIRED, args, kwargs, peak()
     if failure is None:
         return got, args, kwargs, peak()
     if isinstance(failure, NotImplementedError):
         raise NotImplementedError(
             f"{check.name} is not written yet: write it in the cell above, then run this check again") from None
+    wanted = f" (it must raise {case.raises.__name__} here)" if case.raises is not None else ""
     raise CheckFailed(
-        f"{check.name} raised {type(failure).__name__}: {failure}\n"
+        f"{check.name} raised {type(failure).__name__}: {failure}{wanted}\n"
         f"  on the case '{case.label}' ({describe_case(reference(check.name), case)})\n"
         f"{seed_line(check.name, fn, seed)}") from None
+
+
+RAISED_AS_REQUIRED = object()  # the answer of a function that raised the exception its case requires
 
 
 @contextlib.contextmanager
@@ -220,6 +235,8 @@ def problem_with(check, case, got, args, kwargs, peak=None):
     changed = changed_arguments(reference(check.name), case, args, kwargs)
     if changed:
         return f"{changed}: a function must leave its inputs as they were (work on a copy)"
+    if got is RAISED_AS_REQUIRED:
+        return None
     if case.peak_bytes is not None and peak is not None and peak > case.peak_bytes:
         return (f"the call took {peak / 2**20:.1f} MiB at its peak, more than the {case.peak_bytes / 2**20:.1f} "
                 f"MiB allowed: never build the whole T_q x T_k array of scores")
@@ -234,7 +251,12 @@ DTYPE_HINT = ("keep the input's dtype: float32 in, float32 out. A float64 NumPy 
 
 def failure_message(check, case, got, problem, fn_name, seed):
     """The whole message of a wrong answer: the case, the problem, the hint of a matching mistake, the seed."""
-    hint = DTYPE_HINT if "expected dtype" in problem else matching_hint(check, case, got)
+    if "expected dtype" in problem:
+        hint = DTYPE_HINT
+    elif got is RAISED_AS_REQUIRED or "in place" in problem or "at its peak" in problem:
+        hint = None  # the answer's values are not what is wrong: no mistake's hint fits
+    else:
+        hint = matching_hint(check, case, got)
     return (f"{check.name} gives a wrong answer on the case '{case.label}'\n"
             f"  input: {describe_case(reference(check.name), case)}\n  {problem}"
             + (f"\n  hint: {hint}" if hint else "") + "\n" + seed_line(check.name, fn_name, seed))

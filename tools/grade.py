@@ -203,7 +203,11 @@ def main(argv):
     print(f"\ngrades: {csv_path}, {json_path}")
     if args.roster:
         from grading.exports import write_lms_totals
-        print(f"totals for the LMS: {write_lms_totals(rows, args.roster, args.out, args.assignment)}")
+        try:
+            print(f"totals for the LMS: {write_lms_totals(rows, args.roster, args.out, args.assignment)}")
+        except ValueError as error:  # the roster and the notebooks disagree: the grades are written already
+            print(f"no totals for the LMS: {error}", file=sys.stderr)
+            return 2
     print(f"isolation of the students' code: {ISOLATION}"
           + ("" if ISOLATION == "bubblewrap" else " (install bubblewrap: the workers could read the library)"))
     if warning:

@@ -29,10 +29,21 @@ def recorded(name):
     solve, calls = own_copy(name), []
 
     def recorder(*args, **kwargs):
-        answer = solve(*args, **kwargs)
+        try:
+            answer = solve(*args, **kwargs)
+        except ValueError as error:  # a case that must raise: the error is the answer, replayed as such
+            calls.append(((args, kwargs), error))
+            raise
         calls.append(((args, kwargs), answer))
         return answer
     return recorder, calls
+
+
+def given_back(answer):
+    """A recorded answer, as the solution gave it: returned, or raised again."""
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
 
 
 def replay_in_order(calls):
@@ -40,7 +51,7 @@ def replay_in_order(calls):
     answers = iter([answer for _, answer in calls])
 
     def replay(*args, **kwargs):
-        return next(answers)
+        return given_back(next(answers))
     return replay
 
 
@@ -49,7 +60,7 @@ def replay_by_input(calls):
     def replay(*args, **kwargs):
         for (seen_args, seen_kwargs), answer in calls:
             if same_inputs((seen_args, seen_kwargs), (args, kwargs)):
-                return answer
+                return given_back(answer)
         return np.zeros(1)
     return replay
 
@@ -73,6 +84,7 @@ def repeat_kv(x, n_rep):
 
 
 def apply_rotary(x, cos, sin):
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)  # float32 stays float32, whatever the tables
     x1, x2 = x[..., :x.shape[-1] // 2], x[..., x.shape[-1] // 2:]  # (..., T, d/2) each
     return x * cos + np.concatenate([-x2, x1], axis=-1) * sin
 
@@ -86,14 +98,16 @@ def attend_with_cache(q, k, v, past_keys=None, past_values=None, *, causal=False
 
 
 def cached_attention(q, k, v, past_keys, past_values, causal, mask, rope_base, *, offset=True, shifted=True):
-    """One step of generation as a learner writes it, in float64 throughout: right with the defaults;
-    offset=False turns the new tokens as if they were at positions 0 .., shifted=False builds the causal
-    mask as if the cache were empty."""
+    """One step of generation as a learner writes it, in the inputs' dtype (the rotary tables in float32 for
+    float32 inputs, as the text asks): right with the defaults; offset=False turns the new tokens as if they
+    were at positions 0 .., shifted=False builds the causal mask as if the cache were empty."""
     T_past = 0 if past_keys is None else past_keys.shape[-2]
     T_new, d = q.shape[-2:]
     if rope_base is not None:
-        positions = np.arange(T_past if offset else 0, (T_past if offset else 0) + T_new)
-        angles = positions[:, None] * rope_base ** (-np.arange(0, d, 2) / d)  # (T_new, d/2)
+        real = q.dtype.type  # np.float64 or np.float32: the tables' numbers
+        first = T_past if offset else 0
+        frequencies = 1.0 / (real(rope_base) ** (np.arange(0, d, 2, dtype=q.dtype) / real(d)))  # (d/2,)
+        angles = np.arange(first, first + T_new, dtype=q.dtype)[:, None] * frequencies  # (T_new, d/2)
         angles = np.concatenate([angles, angles], axis=-1)  # (T_new, d)
         q, k = (apply_rotary(a, np.cos(angles), np.sin(angles)) for a in (q, k))
     keys = k if past_keys is None else np.concatenate([past_keys, k], axis=-2)  # (..., h_kv, T_total, d)
@@ -103,7 +117,7 @@ def cached_attention(q, k, v, past_keys, past_values, causal, mask, rope_base, *
         mask = allowed if mask is None else mask & allowed  # (T_new, T_total)
     n_rep = q.shape[-3] // keys.shape[-3]
     K, V = repeat_kv(keys, n_rep), repeat_kv(values, n_rep)  # (..., h, T_total, d)
-    scores = q @ np.swapaxes(K, -1, -2) / np.sqrt(d)
+    scores = q @ np.swapaxes(K, -1, -2) / d ** 0.5  # a Python float: float32 stays float32
     scores = scores if mask is None else np.where(mask, scores, -np.inf)
     top = scores.max(axis=-1, keepdims=True)
     e = np.exp(scores - np.where(np.isfinite(top), top, 0))

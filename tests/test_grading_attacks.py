@@ -11,6 +11,7 @@ name), a right solution written from scratch passed, and a second run must give 
 same grades with the same seeds.
 """
 
+import csv
 import json
 import shutil
 
@@ -284,8 +285,16 @@ def test_a_hang_and_a_crash_cost_only_their_own_notebook(graded):
 
 
 def test_the_same_submission_gets_the_same_grade_and_seeds_on_every_run(graded):
+    """(The second run also writes the totals for an LMS, from a roster.)"""
     base, folder, (_, first) = graded
-    _, second = run_grade(folder, base / "second")
+    students = sorted({s for s, _ in first})
+    roster = base / "roster.csv"
+    roster.write_text("notebook,lms_id\n" + "".join(f"{s},id-{s}\n" for s in students))
+    _, second = run_grade(folder, base / "second", "--roster", str(roster), "--assignment", "Chapter 12")
+    with open(base / "second" / "lms_totals.csv", newline="") as table:
+        totals = {r["SIS Login ID"]: float(r["Chapter 12"]) for r in csv.DictReader(table)}
+    for student in students:
+        assert totals[f"id-{student}"] == sum(r["points"] for (s, _), r in first.items() if s == student)
     same = lambda rows: {k: (r["passed"], r["seed"]) for k, r in rows.items()}  # noqa: E731
     assert same(first) == same(second)
     assert all(isinstance(r["seed"], int) for r in first.values())

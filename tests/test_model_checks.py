@@ -12,7 +12,8 @@ NAMES = ("causal_lm_loss", "generate_greedy")
 
 
 def causal_lm_loss(logits, tokens):
-    """From scratch: log-softmax by hand, in float64, one sequence at a time."""
+    """From scratch: log-softmax by hand, in float64, one sequence at a time; the loss in the logits' dtype."""
+    dtype = np.asarray(logits).dtype
     logits = np.asarray(logits, dtype=np.float64)
     flat_logits = logits.reshape(-1, *logits.shape[-2:])  # (N, T, V)
     flat_tokens = np.asarray(tokens).reshape(-1, logits.shape[-2])  # (N, T)
@@ -23,7 +24,7 @@ def causal_lm_loss(logits, tokens):
             top = row.max()
             log_total = top + np.log(np.sum(np.exp(row - top)))
             losses.append(log_total - row[seq_tokens[t + 1]])
-    return np.mean(losses)
+    return np.mean(losses).astype(dtype)
 
 
 def generate_greedy(logits_fn, prompt, n_new, *, max_len=None):

@@ -32,8 +32,8 @@ def sinusoidal_positions_vectorised(T, d_model, *, base=10000.0, offset=0, dtype
 
 
 def alibi_bias(T_q, T_k, slopes):
-    """Loops over heads, queries and keys."""
-    bias = np.zeros((len(slopes), T_q, T_k))
+    """Loops over heads, queries and keys, in the slopes' float dtype."""
+    bias = np.zeros((len(slopes), T_q, T_k), dtype=(np.asarray(slopes) * 1.0).dtype)
     for h, m in enumerate(slopes):
         for i in range(T_q):
             for j in range(T_k):
@@ -44,7 +44,8 @@ def alibi_bias(T_q, T_k, slopes):
 def alibi_bias_broadcast(T_q, T_k, slopes):
     """Positions of the queries and keys, broadcast against each other."""
     queries = np.arange(T_k - T_q, T_k).reshape(-1, 1)
-    return -np.reshape(slopes, (-1, 1, 1)) * np.abs(queries - np.arange(T_k))
+    slopes = np.asarray(slopes) * 1.0  # floats, float32 kept
+    return -np.reshape(slopes, (-1, 1, 1)) * np.abs(queries - np.arange(T_k)).astype(slopes.dtype)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

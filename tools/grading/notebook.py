@@ -116,6 +116,14 @@ class Session:
             raise LimitReached(self.stopped) from None
 
 
+def error_near(function, codes, errors):
+    """What the notebook's run says about a missing `function`: the error of a cell that names it,
+    else the first error ("" if none)."""
+    naming = [message for cell, message in errors if re.search(rf"\b{re.escape(function)}\b", codes[cell])]
+    said = naming or [message for _, message in errors]
+    return f"the notebook's code raised {said[0]}" if said else ""
+
+
 def groups_of(checks):
     """The checks in groups that can share a worker: the same library switched off, the same packages."""
     groups = {}
@@ -135,9 +143,9 @@ def grade_group(session, group, seeds):
             worker.close()
             worker, errors = session.worker(group, code_of(session.notebook))  # the whole notebook
             outcomes = {c["check"]: cases.judge(session, worker, c, seeds[c["check"]]) for c in group}
-        first_error = f"the notebook's code raised {errors[0][1]}" if errors else ""
-        return {check: (status, first_error) if status == "missing" else (status, message)
-                for check, (status, message) in outcomes.items()}
+        codes = code_of(session.notebook)
+        return {c["check"]: (status, error_near(c["function"], codes, errors)) if status == "missing"
+                else (status, message) for c, (status, message) in zip(group, outcomes.values())}
     finally:
         worker.close()
 

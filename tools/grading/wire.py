@@ -53,6 +53,8 @@ def _array(a):
 
 def tag(value):
     """`value` as JSON-ready tagged data; TypeError for anything that does not cross."""
+    if isinstance(value, np.generic):  # first: np.float64 is also a Python float
+        return {"t": "scalar", **_array(np.asarray(value))}
     if value is None or isinstance(value, (bool, str)):
         return {"t": "py", "v": value}
     if isinstance(value, int) and not isinstance(value, bool):
@@ -61,8 +63,6 @@ def tag(value):
         return {"t": "float", "v": repr(value)}  # nan and inf too
     if isinstance(value, np.ndarray):
         return {"t": "array", **_array(value)}
-    if isinstance(value, np.generic):
-        return {"t": "scalar", **_array(np.asarray(value))}
     if isinstance(value, (tuple, list)):
         return {"t": type(value).__name__, "v": [tag(v) for v in value]}
     if isinstance(value, dict):

@@ -13,7 +13,8 @@ def attention_rows(r, shape, dtype=np.float64):
     return mn.softmax(normal(r, shape, dtype, 2))
 
 
-@cases_for("attention_at_offset", may_use="NumPy and a loop over the queries")
+@cases_for("attention_at_offset", may_use="NumPy and a loop over the queries (not np.diagonal)",
+           forbids=())  # no other function of mha computes the score
 def attention_at_offset_cases():
     """Offsets back, forward and 0, on one head, heads and a batch of heads, and T_k > T_q."""
     r = rng()

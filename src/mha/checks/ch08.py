@@ -5,32 +5,60 @@ import math
 
 import numpy as np
 
-from mha.checks.inputs import batch, causal, different_sizes, normal, rng, sizes, with_an_empty_row
+from mha.checks.ch01 import SOFTMAX_ROUTES, routes_but
+from mha.checks.inputs import batch, causal, different_sizes, far_apart, normal, rng, sizes, with_an_empty_row
 from mha.checks.reference import NUMPY as mn
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
+# The memory case: T_q = 2048 queries, T_k = 2080 keys in chunks of 96 (the last one 64 keys). Its (T_q, T_k)
+# scores in float64 take 32.5 MiB; a block of them takes 1.5 MiB. A call may take 12 MiB beyond its inputs.
+LONG_T_Q, LONG_T_K, LONG_CHUNK = 2048, 2080, 96
+LONG_PEAK_BYTES = 12 * 2**20
 
-@cases_for("chunked_attention", may_use="NumPy, nothing from mha")  # returns out only: no weights
+
+def long_sequence():
+    """(Q, K, V, mask) of the memory case: Q (2048, 8), K (2080, 8), V (2080, 4) and a mask of keys (1, 2080)
+    that blocks the whole first chunk. Query 0's scores are about +1000 (exp overflows) and query 1's about
+    -1000 (1000 below its only maximum, 2000 below query 0's), so that every catalogued mistake also gives a
+    wrong answer here: a learner who fails only on memory reads no other mistake's hint."""
+    r = rng()
+    Q, K = r.standard_normal((LONG_T_Q, 8)), r.standard_normal((LONG_T_K, 8))
+    K[:, 0] = np.linspace(25.0, 25.1, LONG_T_K)  # query q's scores are 40 * K[j, 0] when Q[q] = 40 sqrt(8) e_0
+    Q[:2] = 0.0
+    Q[0, 0], Q[1, 0] = 40.0 * math.sqrt(8), -40.0 * math.sqrt(8)  # scores 1000 .. 1004 and -1000 .. -1004
+    mask = r.random((1, LONG_T_K)) < 0.9
+    mask[:, :LONG_CHUNK] = False  # no query may attend to the first chunk
+    return Q, K, r.standard_normal((LONG_T_K, 4)), mask
+
+
+@cases_for("chunked_attention", may_use="NumPy, nothing from mha",  # returns out only: no weights
+           forbids=routes_but(SOFTMAX_ROUTES, "chunked_attention"))
 def chunked_attention_cases():
-    """Chunks that do and do not divide T, masked rows and chunks, and scores far from 0."""
+    """Chunks that do and do not divide T, a mask of keys, masked rows and chunks, scores far from 0 and far
+    apart, and a long sequence in bounded memory."""
     r = rng()
     X = r.standard_normal((2, 5, 4))
     masked = np.ones((2, 5, 5), dtype=bool)
     masked[0, 3] = False  # query 3 of sequence 0 may attend to nothing
     masked[1, :, :2] = False  # sequence 1: the whole first chunk is blocked
     far = np.array([[30.0, 30.0], [-30.0, -30.0], [-29.0, -31.0]])  # scores about 1273, -1273, -1273
+    Q_far, K_far = far_apart((2, 3), 4, 4, 3)  # query 0's scores about 1000, the others' near 0
+    *long_qkv, long_mask = long_sequence()
     return [
-        Case("one sequence, chunk does not divide T",
-             (r.standard_normal((6, 3)), r.standard_normal((7, 3)), r.standard_normal((7, 2))), {"chunk": 3}),
+        Case("one sequence, chunk does not divide T, a mask of keys (1, T_k) for 6 queries",
+             (r.standard_normal((6, 3)), r.standard_normal((7, 3)), r.standard_normal((7, 2))),
+             {"mask": np.array([[True, False, True, True, True, False, True]]), "chunk": 3}),
         Case("a batch, chunk divides T", (X, X, r.standard_normal((2, 5, 3))), {"chunk": 5}),
-        Case("a fully masked row and a fully masked first chunk",
+        Case("a fully masked row and a fully masked first chunk, a mask with a batch axis",
              (X, X, r.standard_normal((2, 5, 3))), {"mask": masked, "chunk": 2}),
-        Case("large logits, causal", tuple(30 * r.standard_normal((2, 4, 4, 3)) for _ in range(3)),
-             {"mask": causal(4), "chunk": 3}),
+        Case("scores above 709 in query 0 and near 0 in the others (1000 below), causal",
+             (Q_far, K_far, r.standard_normal((2, 3, 4, 2))), {"mask": causal(4), "chunk": 3}),
         Case("very negative scores after a masked chunk",
              (np.array([[30.0, 30.0]]), far, r.standard_normal((3, 2))),
              {"mask": np.array([[False, True, True]]), "chunk": 1}),
-        Case("chunk larger than T", tuple(r.standard_normal((3, 2)) for _ in range(3)), {"chunk": 8}),
+        Case(f"a long sequence: T_q = {LONG_T_Q}, T_k = {LONG_T_K}, chunks of {LONG_CHUNK}, at most "
+             f"{LONG_PEAK_BYTES // 2**20} MiB (the T_q x T_k scores alone would take 32.5 MiB)",
+             tuple(long_qkv), {"mask": long_mask, "chunk": LONG_CHUNK}, peak_bytes=LONG_PEAK_BYTES),
     ]
 
 
@@ -57,28 +85,52 @@ def chunked_attention_random_cases(r):
     ]
 
 
-def _online_softmax(Q, K, V, mask, chunk, *, rescale=True, safe=True, keep_last=True, scale_acc=True,
-                    keep_true_max=True):
-    """Chunked attention with one step left out, as the flags say."""
+def _in_blocks(Q, K, V, mask, chunk, keep_last):
+    """The scores (..., T_q, n, chunk) and values (..., n, chunk, d_v) of the n blocks of keys, all at once (the
+    mistakes need not save memory): a last, shorter block padded with masked keys, or dropped (keep_last=False)."""
     Q, K, V = (np.asarray(a, dtype=float) for a in (Q, K, V))
     T_k = K.shape[-2]
     shape = np.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2]) + (Q.shape[-2], T_k)
-    mask = np.ones(shape, dtype=bool) if mask is None else np.broadcast_to(mask, shape)
-    Q = Q / math.sqrt(Q.shape[-1])
-    row_max = np.full(shape[:-1] + (1,), -np.inf)
-    row_sum = np.zeros_like(row_max)
-    acc = np.zeros(shape[:-1] + (V.shape[-1],))
-    stop = T_k if keep_last else T_k - T_k % chunk
-    for start in range(0, stop, chunk):
-        block = slice(start, start + chunk)
-        scores = np.where(mask[..., block], Q @ np.swapaxes(K[..., block, :], -1, -2), -np.inf)
-        new_max = np.maximum(row_max, scores.max(axis=-1, keepdims=True))
+    scores = np.broadcast_to(Q / math.sqrt(Q.shape[-1]) @ np.swapaxes(K, -1, -2), shape)
+    scores = np.where(True if mask is None else mask, scores, -np.inf)  # (..., T_q, T_k)
+    n = -(-T_k // chunk) if keep_last else T_k // chunk
+    extra = n * chunk - T_k  # > 0: keys to pad; < 0: keys to drop
+    if extra >= 0:
+        scores = np.concatenate([scores, np.full(shape[:-1] + (extra,), -np.inf)], axis=-1)
+        V = np.concatenate([V, np.zeros(V.shape[:-2] + (extra, V.shape[-1]))], axis=-2)
+    else:
+        scores, V = scores[..., :n * chunk], V[..., :n * chunk, :]
+    return scores.reshape(shape[:-1] + (n, chunk)), V.reshape(V.shape[:-2] + (n, chunk, V.shape[-1]))
+
+
+def _online_softmax(Q, K, V, mask, chunk, *, rescale=True, safe=True, keep_last=True, scale_acc=True,
+                    keep_true_max=True, shift="row"):
+    """Chunked attention with one step left out, as the flags say. `shift`: "row" subtracts each query's
+    running maximum (right), "none" nothing (exp overflows above 709), "global" one running maximum for
+    all queries (a query far below it underflows to 0). The running state walks over the blocks; the
+    exponentials and products of all blocks are computed at once, which is quicker on long sequences."""
+    scores, V = _in_blocks(Q, K, V, mask, chunk, keep_last)  # (..., T_q, n, c), (..., n, c, d_v)
+    n = scores.shape[-2]
+    if shift == "row":
+        block_max = scores.max(axis=-1)  # (..., T_q, n)
+    else:  # one maximum per block for every query ("global"), or none
+        every_query = tuple(range(scores.ndim - 2)) + (scores.ndim - 1,)
+        block_max = np.broadcast_to(scores.max(axis=every_query) if shift == "global" else 0.0, scores.shape[:-1])
+    row_max, refs, factors = np.full(scores.shape[:-2], -np.inf), [], []
+    for b in range(n):
+        new_max = np.maximum(row_max, block_max[..., b]) if shift != "none" else np.zeros_like(row_max)
         ref = np.where(np.isfinite(new_max), new_max, 0) if safe else new_max
-        factor = np.exp(row_max - ref) if rescale else 1.0
-        p = np.exp(scores - ref)
-        row_sum = row_sum * factor + p.sum(axis=-1, keepdims=True)
-        acc = acc * (factor if scale_acc else 1.0) + p @ V[..., block, :]
+        factors.append(np.exp(row_max - ref) if rescale else np.ones_like(row_max))
+        refs.append(ref)
         row_max = new_max if keep_true_max else ref
+    p = np.exp(scores - np.stack(refs, axis=-1)[..., None])  # (..., T_q, n, c)
+    block_sums = p.sum(axis=-1)  # (..., T_q, n)
+    block_outs = np.moveaxis(np.moveaxis(p, -2, -3) @ V, -3, -2)  # (..., n, T_q, c) @ (..., n, c, d_v), back
+    row_sum, acc = np.zeros(scores.shape[:-2]), np.zeros(block_outs.shape[:-2] + block_outs.shape[-1:])
+    for b, factor in enumerate(factors):
+        row_sum = row_sum * factor + block_sums[..., b]
+        acc = acc * (factor[..., None] if scale_acc else 1.0) + block_outs[..., b, :]
+    row_sum = row_sum[..., None]
     if not safe:
         return acc / row_sum
     return np.divide(acc, row_sum, out=np.zeros_like(acc), where=row_sum > 0)
@@ -134,6 +186,20 @@ def chunked_softmax_per_block(Q, K, V, mask=None, chunk=256):
          "when the real scores come later and are very negative")
 def chunked_max_reset_to_zero(Q, K, V, mask=None, chunk=256):
     return _online_softmax(Q, K, V, mask, chunk, keep_true_max=False)
+
+
+@mistake("chunked_attention", "exp overflows on scores above 709: keep a running maximum per query, subtract it "
+         "before exponentiating, and rescale what you have when it grows")
+def chunked_without_max(Q, K, V, mask=None, chunk=256):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _online_softmax(Q, K, V, mask, chunk, shift="none")
+
+
+@mistake("chunked_attention", "keep one running maximum per query, shape (..., T_q), not one for all the "
+         "queries: a query whose scores are 1000 below another's underflows to exp(-1000) = 0 and loses them all")
+def chunked_one_max_for_all_queries(Q, K, V, mask=None, chunk=256):
+    with np.errstate(under="ignore"):
+        return _online_softmax(Q, K, V, mask, chunk, shift="global")
 
 
 check_chunked_attention = make_check("chunked_attention")

@@ -3,7 +3,9 @@ catalogued mistakes."""
 
 import numpy as np
 
-from mha.checks.inputs import attention_params, batch, cast, normal, padding, rng, sizes, weights, with_an_empty_row
+from mha.checks.ch05 import mha_softmax_global_max, mha_softmax_without_max
+from mha.checks.inputs import (attention_params, batch, cast, normal, padding, rng, scores_far_apart, sizes, weights,
+                               with_an_empty_row)
 from mha.checks.reference import NUMPY as mn
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
@@ -21,11 +23,17 @@ def decoder_block_params(r, d, d_ff, bias=True):
 
 
 @cases_for("decoder_block", returns=("out", ("self_weights", "cross_weights")),
-           may_use="mnp.multihead_attention, mnp.layer_norm and mnp.feed_forward (not mnp.causal_mask)")
+           may_use="NumPy, mnp.multihead_attention, mnp.layer_norm and mnp.feed_forward (not mnp.causal_mask: "
+                   "build the causal pattern yourself)",
+           # a stack of one block is the block; the causal masks are the part the text asks to build
+           forbids=("decoder", "causal_mask", "causal_mask_after"), packages=("scipy",))  # feed_forward's GELU: erf
 def decoder_block_cases():
-    """Post-norm and pre-norm, causal masks given both ways, padding, and a source with no real token."""
+    """Post-norm and pre-norm, causal masks given both ways, padding, a source with no real token, and
+    self-attention scores above 709 in one row of a sequence and near 0 (2800 below) in another."""
     r = rng()
     X, memory = r.standard_normal((2, 4, 6)), r.standard_normal((2, 5, 6))
+    far = X.copy()
+    far[0] = scores_far_apart(6)  # with W_q = W_k = I: head 0's scores reach 2864 in row 0, about 0 in row 2
     return [
         Case("post-norm, causal, padded target and source", (X, memory, 2),
              {**decoder_block_params(r, 6, 10), "causal": True, "self_mask": mn.padding_mask([4, 3], 4),
@@ -33,9 +41,10 @@ def decoder_block_cases():
         Case("pre-norm, gelu, one sequence, the causal mask given as self_mask", (X[0, :3], memory[0], 3),
              {**decoder_block_params(r, 6, 10), "norm_first": True, "activation": "gelu",
               "self_mask": mn.causal_mask(3)}),
-        Case("no biases, a source with no real token", (X, memory[:, :3], 2),
-             {**decoder_block_params(r, 6, 8, bias=False), "causal": True, "eps": 0.1,
-              "memory_mask": mn.padding_mask([3, 0], 3)}),
+        Case("no biases, a source with no real token, self-attention scores above 709 in one row and near 0 "
+             "in another", (far, memory[:, :3], 2),
+             {**decoder_block_params(r, 6, 8, bias=False), "self_W_q": np.eye(6), "self_W_k": np.eye(6),
+              "causal": True, "eps": 0.1, "memory_mask": mn.padding_mask([3, 0], 3)}),
     ]
 
 
@@ -65,12 +74,15 @@ def decoder_block_random_cases(r):
 def _decoder(X, memory, n_heads, *, wrong, self_mask=None, memory_mask=None, causal=False, norm_first=False,
              eps=1e-5, activation="relu", **params):
     """mha.numpy.decoder_block with one step done `wrong`: "cross_from_target", "ignore_causal",
-    "norm_memory" or "flip_norm"."""
+    "norm_memory", "flip_norm", or the attention's softmax written by hand, "softmax_without_max" or
+    "softmax_global_max" (see mha.checks.ch01.naive_softmax)."""
     p = {k: params.get(k) for k in mn.DECODER_BLOCK_PARAMS}
+    attention = {"softmax_without_max": mha_softmax_without_max,
+                 "softmax_global_max": mha_softmax_global_max}.get(wrong, mn.multihead_attention)
 
     def attend(part, x, context, mask):
-        return mn.multihead_attention(x, n_heads=n_heads, context=context, mask=mask,
-                                      **{k: p[f"{part}_{k}"] for k in mn.ATTENTION_PARAMS})
+        return attention(x, n_heads=n_heads, context=context, mask=mask,
+                         **{k: p[f"{part}_{k}"] for k in mn.ATTENTION_PARAMS})
 
     def ln(x, i):
         return mn.layer_norm(x, p[f"gamma_{i}"], p[f"beta_{i}"], eps)
@@ -118,6 +130,18 @@ def decoder_normalises_memory(X, memory, n_heads, **options):
          "LN(x + sublayer(x)); pre-norm is x + sublayer(LN(x))")
 def decoder_norm_swapped(X, memory, n_heads, **options):
     return _decoder(X, memory, n_heads, wrong="flip_norm", **options)
+
+
+@mistake("decoder_block", "the attention's softmax overflows on scores above 709: subtract each row's maximum "
+         "before exponentiating (mnp.multihead_attention does)")
+def decoder_softmax_without_max(X, memory, n_heads, **options):
+    return _decoder(X, memory, n_heads, wrong="softmax_without_max", **options)
+
+
+@mistake("decoder_block", "in the attention's softmax, subtract each row's own maximum, not the maximum of all "
+         "the scores: a row far below it underflows to 0 / 0")
+def decoder_softmax_global_max(X, memory, n_heads, **options):
+    return _decoder(X, memory, n_heads, wrong="softmax_global_max", **options)
 
 
 check_decoder_block = make_check("decoder_block")

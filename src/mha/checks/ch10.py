@@ -10,15 +10,22 @@ from mha.checks.registry import Case, cases_for, make_check, mistake, random_cas
 # sinusoidal_positions: Vaswani et al.'s table of sines and cosines ----------------------
 
 
-@cases_for("sinusoidal_positions", may_use="NumPy (np.sin, np.cos, np.arange)")
+# The library functions that hand back the angles t * theta_i or the table itself: sinusoidal_frequencies gives
+# theta_i, rotary_embedding(T, d, base, offset) the same angles' sines and cosines (pairs side by side), and
+# sinusoidal_shift(t, d) moves PE[0] = (0, 1, 0, 1, ...) to PE[t].
+SINUSOID_ROUTES = ("sinusoidal_frequencies", "sinusoidal_shift", "rotary_embedding")
+
+
+@cases_for("sinusoidal_positions", may_use="NumPy (np.sin, np.cos, np.arange)", forbids=SINUSOID_ROUTES)
 def sinusoidal_positions_cases():
-    """A small table, positions after an offset, another base, one pair (d_model = 2), and float32."""
+    """A small table, positions after an offset, another base, one pair (d_model = 2), and float32 at positions
+    above 10^5 (where angles computed in float32 are off by 10^-3 and more)."""
     return [
         Case("T = 4 positions, d_model = 6", (4, 6)),
         Case("positions 5 to 7 (offset=5), d_model = 4", (3, 4), {"offset": 5}),
         Case("base 100, d_model = 8", (6, 8), {"base": 100.0}),
         Case("d_model = 2: one (sin, cos) pair", (5, 2)),
-        Case("float32, 10 positions, d_model = 16", (10, 16), {"dtype": np.float32}),
+        Case("float32, positions 100000 to 100009, d_model = 16", (10, 16), {"offset": 100_000, "dtype": np.float32}),
     ]
 
 
@@ -81,20 +88,30 @@ def sinusoidal_without_offset(T, d_model, *, base=10000.0, offset=0, dtype=np.fl
     return _interleave(np.sin(a), np.cos(a)).astype(dtype)
 
 
+@mistake("sinusoidal_positions", "compute the angles in float64 and convert the finished table to `dtype`: in "
+         "float32, position x frequency loses its digits beyond position 10^4 (an error of 10^-3 at 10^5)")
+def sinusoidal_angles_in_float32(T, d_model, *, base=10000.0, offset=0, dtype=np.float64):
+    theta = (base ** (-np.arange(0, d_model, 2) / d_model)).astype(dtype)  # (d_model / 2,)
+    a = np.arange(offset, offset + T, dtype=dtype)[:, None] * theta  # (T, d_model / 2), in `dtype`
+    return _interleave(np.sin(a), np.cos(a))
+
+
 check_sinusoidal_positions = make_check("sinusoidal_positions")
 
 # alibi_bias: ALiBi's penalty on the scores ------------------------------------------------
 
 
-@cases_for("alibi_bias", may_use="NumPy (np.arange, np.abs, broadcasting)")
+@cases_for("alibi_bias", may_use="NumPy (np.arange, np.abs, broadcasting)",
+           forbids=())  # no other function of mha computes the bias (alibi_slopes gives the slopes it takes)
 def alibi_bias_cases():
     """Square scores with 2 heads, one new query after 4 positions (a cache step), 3 queries after 3
-    positions, one head, and 8 heads with Press et al.'s slopes."""
+    positions, one head whose slope is a Python list (as the chapter writes it), and 8 heads with Press et
+    al.'s slopes."""
     return [
         Case("T_q = T_k = 4, slopes (1/2, 1/4)", (4, 4, np.array([0.5, 0.25]))),
         Case("one query, the last of T_k = 5 positions", (1, 5, np.array([0.5, 0.25]))),
         Case("3 queries, the last of T_k = 6 positions", (3, 6, np.array([1.0, 0.5, 0.125]))),
-        Case("one head, T_q = T_k = 3", (3, 3, np.array([0.5]))),
+        Case("one head, T_q = T_k = 3, the slopes as a Python list [0.5]", (3, 3, [0.5])),
         Case("8 heads with Press et al.'s slopes, T = 5", (5, 5, mn.alibi_slopes(8))),
     ]
 

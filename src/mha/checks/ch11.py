@@ -3,6 +3,7 @@ and their catalogued mistakes."""
 
 import numpy as np
 
+from mha.checks.ch01 import SOFTMAX_ROUTES, routes_but
 from mha.checks.inputs import batch, normal, rng, sizes
 from mha.checks.reference import NUMPY as mn
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
@@ -10,20 +11,27 @@ from mha.checks.registry import Case, cases_for, make_check, mistake, random_cas
 # causal_lm_loss: the logits at position t scored against token t + 1 --------------------------
 
 
-@cases_for("causal_lm_loss", may_use="NumPy (np.exp, np.log, np.take_along_axis)")
+@cases_for("causal_lm_loss", may_use="NumPy only (np.exp, np.log, np.take_along_axis; not mnp.log_softmax, "
+                                     "not mnp.cross_entropy)",
+           forbids=routes_but(SOFTMAX_ROUTES, "causal_lm_loss"))  # the log-softmax is the exercise's work
 def causal_lm_loss_cases():
-    """One sequence, a batch, the shortest sequence (T = 2), and a model so sure of the wrong tokens
-    that the right ones get probabilities below the smallest float64 (exp(-800) is 0)."""
+    """One sequence, a batch whose logits reach above 1000 in one sequence and fall 800 below the others at one
+    position of another, the shortest sequence (T = 2), and a model so sure of the wrong tokens that the right
+    ones get probabilities below the smallest float64 (exp(-800) is 0)."""
     r = rng()
 
     def case(label, shape, V):
         return Case(label, (2 * r.standard_normal(shape + (V,)), r.integers(0, V, size=shape)))
 
+    far = 2 * r.standard_normal((3, 5, 7))
+    far[0] += 1000.0  # exp overflows: a softmax without the shift by the maximum gives inf / inf
+    far[1, 2] -= 800.0  # one position 800 below the others: shifted by the maximum of all the logits, exp is 0
     logits, tokens = 2 * r.standard_normal((2, 5, 6)), r.integers(0, 6, size=(2, 5))
     logits[0, np.arange(4), tokens[0, 1:]] -= 800.0  # the right token is very unlikely: exp(-800) underflows to 0
     return [
         case("one sequence of 6 tokens, a vocabulary of 5", (6,), 5),
-        case("a batch of 3 sequences of 5 tokens, a vocabulary of 7", (3, 5), 7),
+        Case("a batch of 3 sequences of 5 tokens, a vocabulary of 7: logits above 1000 in sequence 0, "
+             "and 800 below the others at one position of sequence 1", (far, r.integers(0, 7, size=(3, 5)))),
         case("T = 2: a single prediction per sequence", (4, 2), 3),
         Case("a confidently wrong model: the right tokens' logits 800 below the others", (logits, tokens)),
     ]
@@ -59,6 +67,9 @@ def _lm_loss(logits, tokens, *, wrong):
     elif wrong == "naive_softmax":
         e = np.exp(logits_used)
         log_p = np.log(e / e.sum(axis=-1, keepdims=True))
+    elif wrong == "global_max":
+        shifted = logits_used - logits_used.max()  # one maximum for every position of every sequence
+        log_p = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
     else:
         log_p = mn.log_softmax(logits_used)
     picked = np.take_along_axis(log_p, targets[..., None], axis=-1)[..., 0]  # (..., T - 1)
@@ -85,6 +96,19 @@ def lm_loss_rolled(logits, tokens):
     return _lm_loss(logits, tokens, wrong="roll")
 
 
+@mistake("causal_lm_loss", "log(softmax) computed as exp, divide, then log fails for very unlikely tokens "
+         "(exp(-800) is 0, log(0) is -inf) and overflows for large logits: compute the log-softmax directly, "
+         "x - max - log(sum(exp(x - max)))")
+def lm_loss_naive_softmax(logits, tokens):
+    return _lm_loss(logits, tokens, wrong="naive_softmax")
+
+
+@mistake("causal_lm_loss", "subtract each position's own maximum (over the vocabulary, axis -1), not the maximum "
+         "of all the logits: a position 800 below it underflows to exp(-800) = 0, and log(0) = -inf")
+def lm_loss_global_max(logits, tokens):
+    return _lm_loss(logits, tokens, wrong="global_max")
+
+
 @mistake("causal_lm_loss", "logits are not probabilities: take the log-softmax, x - max - log(sum(exp(x - max))) "
          "along the vocabulary, not the log of the logits themselves")
 def lm_loss_log_of_logits(logits, tokens):
@@ -95,13 +119,6 @@ def lm_loss_log_of_logits(logits, tokens):
          "over axis -2 compares positions instead of tokens")
 def lm_loss_softmax_over_positions(logits, tokens):
     return _lm_loss(logits, tokens, wrong="positions_axis")
-
-
-@mistake("causal_lm_loss", "log(softmax) computed as exp, divide, then log fails for very unlikely tokens "
-         "(exp(-800) is 0, log(0) is -inf) and overflows for large logits: compute the log-softmax directly, "
-         "x - max - log(sum(exp(x - max)))")
-def lm_loss_naive_softmax(logits, tokens):
-    return _lm_loss(logits, tokens, wrong="naive_softmax")
 
 
 @mistake("causal_lm_loss", "average over every prediction, sequences and positions alike, as "

@@ -3,6 +3,7 @@
 
 import numpy as np
 
+from mha.checks.ch01 import naive_softmax
 from mha.checks.inputs import batch, normal, rng, sizes, with_an_empty_row
 from mha.checks.reference import NUMPY as mn
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
@@ -10,7 +11,12 @@ from mha.checks.registry import Case, cases_for, make_check, mistake, random_cas
 # repeat_kv: the key/value heads shared by groups of query heads -------------------------
 
 
-@cases_for("repeat_kv", may_use="NumPy (np.repeat, or np.broadcast_to and a reshape)")
+# The library functions that repeat key/value heads on the way (an empty cache and no RoPE hand back the keys,
+# the weights of chosen queries pick them): they do repeat_kv's work, and apply_rotary's too with RoPE.
+GROUPED_ROUTES = ("attend_with_cache", "grouped_query_attention")
+
+
+@cases_for("repeat_kv", may_use="NumPy (np.repeat, or np.broadcast_to and a reshape)", forbids=GROUPED_ROUTES)
 def repeat_kv_cases():
     """Groups where tiling and repeating differ, n_rep = 1, and multi-query (h_kv = 1)."""
     r = rng()
@@ -55,20 +61,25 @@ check_repeat_kv = make_check("repeat_kv")
 # apply_rotary: RoPE, Llama's rotate-half convention --------------------------------------
 
 
-@cases_for("apply_rotary", may_use="NumPy (the halves of the last axis) and mnp.rotate_half")
+@cases_for("apply_rotary", may_use="NumPy (the two halves of the last axis), without mnp.rotate_half",
+           forbids=("rotate_half",) + GROUPED_ROUTES)  # the text says "without rotate_half"
 def apply_rotary_cases():
-    """Heads of a batch, positions after an offset, position 0 alone (no turn) and one pair (d_head = 2)."""
+    """Heads of a batch (float32, with float64 tables: float32 stays float32), positions after an offset,
+    position 0 alone (no turn), and one pair (d_head = 2) in float32 at positions above 10^5."""
     r = rng()
 
-    def case(label, shape, base=10000.0, offset=0):
-        return Case(label, (r.standard_normal(shape), *mn.rotary_embedding(shape[-2], shape[-1], base, offset)))
+    def case(label, shape, base=10000.0, offset=0, dtype=np.float64, table_dtype=np.float64):
+        tables = mn.rotary_embedding(shape[-2], shape[-1], base, offset, dtype=table_dtype)
+        return Case(label, (r.standard_normal(shape).astype(dtype), *tables))
 
     return [
         case("one sequence, d_head = 4", (3, 4)),
-        case("heads of a batch, d_head = 8", (2, 2, 5, 8)),
+        case("heads of a batch, d_head = 8, x in float32 and the tables in float64", (2, 2, 5, 8),
+             dtype=np.float32),
         case("positions 5 to 8, base 100", (4, 6), 100.0, 5),
         case("position 0 alone: no turn", (1, 4)),
-        case("d_head = 2: one pair", (3, 2), 100.0, 2),
+        case("d_head = 2: one pair, float32 at positions 100000 to 100002", (3, 2), 100.0, 100_000,
+             np.float32, np.float32),
     ]
 
 
@@ -115,30 +126,55 @@ check_apply_rotary = make_check("apply_rotary")
 # attend_with_cache: one step of generation ------------------------------------------------
 
 
+def scores_far_apart_in_the_cache(q, k, past_keys):
+    """q, k, past_keys (..., heads, positions, d) changed in place so that new query 0 of every head scores
+    1000 to 1004 against every key, cached or new (exp overflows), and new query 1 scores near 0 (1000 below:
+    one maximum for all the scores underflows it to 0 / 0)."""
+    T_past, d = past_keys.shape[-2], q.shape[-1]
+    feature_0 = np.linspace(25.0, 25.1, T_past + k.shape[-2])  # the keys' feature 0, cached keys first
+    past_keys[..., 0], k[..., 0] = feature_0[:T_past], feature_0[T_past:]
+    q[..., 0, :] = 0.0
+    q[..., 0, 0] = 40.0 * d ** 0.5  # query 0's scores: 40 * feature 0 of each key
+    q[..., 1:, 0] = 0.0  # the other queries ignore feature 0
+
+
+# The library's other routes to the step: grouped_query_attention runs it, causal_mask_after builds its causal
+# mask (the offset is the exercise), and causal_mask(T_past + T_new)[T_past:] is that mask too.
+CACHE_ROUTES = ("grouped_query_attention", "causal_mask_after", "causal_mask")
+
+
 @cases_for("attend_with_cache", returns=("out", "weights", "keys", "values"),
            may_use="NumPy, mnp.repeat_kv, mnp.rotary_embedding, mnp.apply_rotary and "
-                   "mnp.scaled_dot_product_attention (not mnp.causal_mask_after: the offset is the exercise)")
+                   "mnp.scaled_dot_product_attention (not mnp.causal_mask_after: the offset is the exercise)",
+           forbids=CACHE_ROUTES)
 def attend_with_cache_cases():
     """An empty cache, one and several new tokens after a cache, causal with and without a mask, RoPE on
-    and off, grouped heads (h = 4 over h_kv = 2, 6 over 3) and multi-query (h_kv = 1)."""
+    and off, grouped heads (h = 4 over h_kv = 2) and multi-query (h_kv = 1), a mask of keys with a batch
+    axis and scores 1000 apart, and float32 after a cache of 100000 positions (where float64 rotary tables,
+    rounded to float32, differ from the float32 ones by 2e-3)."""
     r = rng()
 
-    def step(h, h_kv, T_new, T_past, lead=(), d=4):
-        qkv = tuple(r.standard_normal(lead + (n, T_new, d)) for n in (h, h_kv, h_kv))
-        return qkv + ((r.standard_normal(lead + (h_kv, T_past, d)), r.standard_normal(lead + (h_kv, T_past, d)))
+    def step(h, h_kv, T_new, T_past, lead=(), d=4, dtype=np.float64):
+        qkv = tuple(normal(r, lead + (n, T_new, d), dtype) for n in (h, h_kv, h_kv))
+        return qkv + ((normal(r, lead + (h_kv, T_past, d), dtype), normal(r, lead + (h_kv, T_past, d), dtype))
                       if T_past else (None, None))
 
     left_padded = np.ones((2, 1, 1, 5), dtype=bool)
     left_padded[1, ..., :2] = False  # sequence 1 starts 2 positions late
+    far = step(4, 1, 2, 3, lead=(2,))
+    scores_far_apart_in_the_cache(far[0], far[1], far[3])
+    T_long = 100_000
     return [
         Case("an empty cache (None, None), causal, RoPE, 4 query heads over 2 key/value heads",
              step(4, 2, 3, 0), {"causal": True, "rope_base": 10000.0}),
         Case("4 cached positions, one new token, causal, RoPE", step(4, 2, 1, 4),
              {"causal": True, "rope_base": 10000.0}),
-        Case("3 cached positions, 2 new tokens, causal and a left-padding mask, multi-query, no RoPE",
-             step(4, 1, 2, 3, lead=(2,)), {"causal": True, "mask": left_padded}),
-        Case("2 cached positions, 3 new tokens, a mask, not causal, RoPE with base 100, 6 over 3 heads",
-             step(6, 3, 3, 2), {"mask": with_an_empty_row(r, (3, 5)), "rope_base": 100.0}),
+        Case("3 cached positions, 2 new tokens, causal and a left-padding mask of keys (B, 1, 1, T_k), "
+             "multi-query, no RoPE, query 0's scores above 709 and query 1's 1000 below", far,
+             {"causal": True, "mask": left_padded}),
+        Case(f"{T_long} cached positions, 2 new tokens, float32 (rotary tables in float32), a mask, not causal, "
+             "RoPE with base 100, 2 query heads over 1 of width 6", step(2, 1, 2, T_long, d=6, dtype=np.float32),
+             {"mask": with_an_empty_row(r, (2, T_long + 2)), "rope_base": 100.0}),
     ]
 
 
@@ -167,14 +203,23 @@ def attend_with_cache_random_cases(r):
     ]
 
 
+def _attention_with_own_softmax(q, K, V, mask, shift):
+    """Scaled dot-product attention with a softmax written by hand (mha.checks.ch01.naive_softmax: shift=None
+    overflows above 709, shift="global" subtracts the maximum of all the scores)."""
+    weights = naive_softmax(q @ np.swapaxes(K, -1, -2) / q.shape[-1] ** 0.5, mask, shift=shift)
+    return weights @ V, weights
+
+
 def _step(q, k, v, past_keys=None, past_values=None, *, causal=False, mask=None, rope_base=None, wrong=""):
     """attend_with_cache with one step done `wrong`: "tile", "positions_from_0", "top_left", "interleaved",
-    "no_append", "rotate_cache_again", "cache_unrotated", "cache_repeated" or "rotate_values"."""
+    "no_append", "rotate_cache_again", "cache_unrotated", "cache_repeated", "rotate_values", "float64_tables"
+    (rotary tables in float64 for float32 inputs), or the softmax written by hand, "softmax_without_max" or
+    "softmax_global_max"."""
     T_past = 0 if past_keys is None else past_keys.shape[-2]
     T_new, d_head = q.shape[-2:]
     cached_k = k
     if rope_base is not None:
-        dtype = np.float64 if q.dtype == np.float64 else np.float32
+        dtype = np.float64 if q.dtype == np.float64 or wrong == "float64_tables" else np.float32
         first = 0 if wrong == "positions_from_0" else T_past
         cos, sin = mn.rotary_embedding(T_new, d_head, rope_base, first, dtype=dtype)  # (T_new, d_head)
         turn = apply_rotary_interleaved if wrong == "interleaved" else mn.apply_rotary
@@ -195,7 +240,11 @@ def _step(q, k, v, past_keys=None, past_values=None, *, causal=False, mask=None,
         mask = causal_part if mask is None else np.asarray(mask) & causal_part
     n_rep = q.shape[-3] // k.shape[-3]
     repeat = repeat_kv_tiled if wrong == "tile" else mn.repeat_kv
-    out, weights = mn.scaled_dot_product_attention(q, repeat(keys, n_rep), repeat(values, n_rep), mask)
+    if wrong.startswith("softmax_"):
+        shift = "global" if wrong == "softmax_global_max" else None
+        out, weights = _attention_with_own_softmax(q, repeat(keys, n_rep), repeat(values, n_rep), mask, shift)
+    else:
+        out, weights = mn.scaled_dot_product_attention(q, repeat(keys, n_rep), repeat(values, n_rep), mask)
     if wrong == "cache_repeated":
         return out, weights, repeat(cached, n_rep), repeat(values, n_rep)
     return out, weights, cached, values
@@ -256,16 +305,37 @@ def cache_step_rotates_values(q, k, v, past_keys=None, past_values=None, **optio
     return _step(q, k, v, past_keys, past_values, wrong="rotate_values", **options)
 
 
+@mistake("attend_with_cache", "for float32 inputs, make the rotary tables in float32 (mnp.rotary_embedding(..., "
+         "dtype=np.float32)), as the text says: float64 tables rounded to float32 turn late positions (10^5) by "
+         "other angles")
+def cache_step_float64_tables(q, k, v, past_keys=None, past_values=None, **options):
+    return _step(q, k, v, past_keys, past_values, wrong="float64_tables", **options)
+
+
+@mistake("attend_with_cache", "exp overflows on scores above 709: subtract each row's maximum before "
+         "exponentiating (mnp.scaled_dot_product_attention does)")
+def cache_step_softmax_without_max(q, k, v, past_keys=None, past_values=None, **options):
+    return _step(q, k, v, past_keys, past_values, wrong="softmax_without_max", **options)
+
+
+@mistake("attend_with_cache", "subtract each row's own maximum, not the maximum of all the scores (every head, "
+         "query and sequence): a row 1000 below it underflows to 0 / 0")
+def cache_step_softmax_global_max(q, k, v, past_keys=None, past_values=None, **options):
+    return _step(q, k, v, past_keys, past_values, wrong="softmax_global_max", **options)
+
+
 check_attend_with_cache = make_check("attend_with_cache")
 
 # kv_cache_bytes: the memory of the cache -------------------------------------------------
 
 
-@cases_for("kv_cache_bytes", may_use="Python arithmetic")
+@cases_for("kv_cache_bytes", may_use="Python arithmetic", forbids=())  # no other function of mha counts bytes
 def kv_cache_bytes_cases():
-    """A batch in float32 (every factor apart), Llama 2 7B and Llama 3 8B in float16, int8, and T = 0."""
+    """3 layers and a batch of 7 in float32, every factor apart and a total that float32 cannot hold exactly
+    (nor int32), Llama 2 7B and Llama 3 8B in float16, int8, and T = 0."""
     return [
-        Case("a batch of 3 in float32", (2, 4, 8, 10), {"batch": 3, "bytes_per_value": 4}),
+        Case("3 layers, 5 key/value heads of width 80, T = 100003, a batch of 7 in float32: 6720201600 bytes, "
+             "more digits than float32 holds", (3, 5, 80, 100_003), {"batch": 7, "bytes_per_value": 4}),
         Case("Llama 2 7B at T = 8192 in float16: 4 GiB", (32, 32, 128, 8192)),
         Case("Llama 3 8B (8 key/value heads) at T = 8192, a batch of 4", (32, 8, 128, 8192), {"batch": 4}),
         Case("one byte per value (int8), one layer", (1, 2, 64, 100), {"bytes_per_value": 1}),
@@ -293,6 +363,11 @@ def kv_bytes_keys_only(n_layers, n_kv_heads, d_head, T, *, batch=1, bytes_per_va
     return n_layers * n_kv_heads * d_head * T * batch * bytes_per_value
 
 
+@mistake("kv_cache_bytes", "every layer keeps its own keys and values: multiply by n_layers")
+def kv_bytes_one_layer(n_layers, n_kv_heads, d_head, T, *, batch=1, bytes_per_value=2):
+    return 2 * n_kv_heads * d_head * T * batch * bytes_per_value
+
+
 @mistake("kv_cache_bytes", "every sequence of the batch has its own cache: multiply by batch")
 def kv_bytes_one_sequence(n_layers, n_kv_heads, d_head, T, *, batch=1, bytes_per_value=2):
     return 2 * n_layers * n_kv_heads * d_head * T * bytes_per_value
@@ -311,6 +386,15 @@ def kv_bytes_float32(n_layers, n_kv_heads, d_head, T, *, batch=1, bytes_per_valu
 @mistake("kv_cache_bytes", "return the number of bytes, not GiB: do not divide by 1024 ** 3")
 def kv_bytes_in_gib(n_layers, n_kv_heads, d_head, T, *, batch=1, bytes_per_value=2):
     return 2 * n_layers * n_kv_heads * d_head * T * batch * bytes_per_value / 1024 ** 3
+
+
+@mistake("kv_cache_bytes", "count with Python integers (or int64): int32 wraps around past 2^31 bytes (2 GiB)")
+def kv_bytes_in_int32(n_layers, n_kv_heads, d_head, T, *, batch=1, bytes_per_value=2):
+    return int(np.prod(np.array([2, n_layers, n_kv_heads, d_head, T, batch, bytes_per_value]), dtype=np.int32))
+
+
+# (A total computed in float32 is off by a few bytes only: the check refuses it, exactly, on the first case,
+# but no hint can name it, since the registry matches answers within a relative 1e-5.)
 
 
 check_kv_cache_bytes = make_check("kv_cache_bytes")

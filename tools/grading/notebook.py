@@ -117,10 +117,11 @@ class Session:
 
 
 def error_near(function, codes, errors):
-    """What the notebook's run says about a missing `function`: the error of a cell that names it,
-    else the first error ("" if none)."""
-    naming = [message for cell, message in errors if re.search(rf"\b{re.escape(function)}\b", codes[cell])]
-    said = naming or [message for _, message in errors]
+    """What the notebook's run says about a missing `function`: the error of a cell that defines it
+    (def, assignment or import), else the first error ("" if none)."""
+    name = re.escape(function)
+    defines = re.compile(rf"^\s*(def\s+{name}\b|{name}\s*=[^=]|(from\s+\S+\s+)?import\s.*\b{name}\b)", re.M)
+    said = [m for cell, m in errors if defines.search(codes[cell])] or [m for _, m in errors]
     return f"the notebook's code raised {said[0]}" if said else ""
 
 

@@ -45,10 +45,10 @@ class TableModel:
 
 
 def _array(a):
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a)  # (not ascontiguousarray, which makes a 0-d array 1-d)
     if a.dtype.kind not in KINDS:
         raise TypeError(f"an array of dtype {a.dtype} cannot be sent: only bool, int and float arrays")
-    return {"dtype": a.dtype.str, "shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode()}
+    return {"dtype": a.dtype.str, "shape": list(a.shape), "data": base64.b64encode(a.tobytes(order="C")).decode()}
 
 
 def tag(value):

@@ -135,3 +135,19 @@ def test_a_worker_past_its_time_or_memory_is_stopped(tmp_path):
         assert worker.process.poll() is not None, "the worker was killed"
     finally:
         worker.close()
+
+
+def test_without_bubblewrap_the_worker_still_goes_without_torch_and_the_exercise(tmp_path, monkeypatch):
+    """The fallback: no sandbox, but its own folder, an emptied environment, and the locks at import."""
+    monkeypatch.setattr(sandbox, "ISOLATION", "folder and path only")
+    worker = sandbox.Worker(tmp_path / "w", ("softmax",), (), sandbox.Limits(), covered=[ROOT])
+    try:
+        assert worker.process.args[0] == sys.executable, "no bubblewrap in the command"
+        errors = dict(worker.run(["import torch", "import scipy.special",
+                                  "import mha.numpy as mnp\nmnp.softmax([1.0])",
+                                  "import os\nassert 'MHA_GRADING_SECRET' not in os.environ\nx = mnp.gelu(1.0)"], 30))
+    finally:
+        worker.close()
+    assert "not available" in errors[0] and "not available" in errors[1]
+    assert "switched off" in errors[2]
+    assert 3 not in errors

@@ -102,8 +102,8 @@ def bubblewrap_command(folder, hidden, covered):
         command += ["--tmpfs", str(path)]
     python_folders = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sysconfig.get_paths()["purelib"],
                                                  sysconfig.get_paths()["platlib"])}
-    for path in sorted(python_folders):
-        if any(inside(path, c) for c in covered):
+    for path in sorted(python_folders):  # a virtual environment in the project, or in /tmp, stays visible
+        if any(inside(path, c) for c in [*covered, "/tmp"]):
             command += ["--ro-bind", str(path), str(path)]
     for path in package_folders(hidden):
         command += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]

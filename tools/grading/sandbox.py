@@ -94,7 +94,7 @@ def inside(path, folder):
 
 def bubblewrap_command(folder, hidden, covered):
     """bwrap's arguments: a read-only system, `covered` folders emptied, `hidden` packages emptied,
-    Python's own folders bound again if a covered folder held them, and `folder` at /sandbox."""
+    Python's own folders bound again if a covered folder (or /tmp) held them, and `folder` at SANDBOX."""
     command = [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
                "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
                "--new-session"]

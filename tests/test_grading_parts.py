@@ -151,3 +151,35 @@ def test_without_bubblewrap_the_worker_still_goes_without_torch_and_the_exercise
     assert "not available" in errors[0] and "not available" in errors[1]
     assert "switched off" in errors[2]
     assert 3 not in errors
+
+
+def test_float64_answers_to_float32_inputs_pass_unless_the_text_promises_float32():
+    """A float64 input must be answered in float64 everywhere; float32 must stay float32 only where the
+    exercise's text says so (RoPE: "float32 stays float32"), so a right softmax that computes in float64 passes."""
+    import contextlib
+    import io
+
+    import mha.checks as checks
+
+    def softmax_in_float64(x, axis=-1):
+        x = np.asarray(x, dtype=np.float64)
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        return e / e.sum(axis=axis, keepdims=True)
+
+    def softmax_in_float32(x, axis=-1):
+        return softmax_in_float64(x, axis).astype(np.float32)
+
+    def rotary_in_float64(x, cos, sin):
+        x = np.asarray(x, dtype=np.float64)
+        half = x.shape[-1] // 2
+        turned = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return x * cos + turned * sin
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        checks.check_softmax(softmax_in_float64, seed=0)
+    with pytest.raises(checks.CheckFailed, match="expected dtype float64, got float32"):
+        checks.check_softmax(softmax_in_float32, seed=0)
+    with pytest.raises(checks.CheckFailed, match="expected dtype float32, got float64"):
+        checks.check_apply_rotary(rotary_in_float64, seed=0)
+    assert {n for n, c in CHECKS.items() if c.float32_promised} == {
+        "sinusoidal_positions", "apply_rotary", "attend_with_cache"}

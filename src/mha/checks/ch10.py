@@ -16,7 +16,8 @@ from mha.checks.registry import Case, cases_for, make_check, mistake, random_cas
 SINUSOID_ROUTES = ("sinusoidal_frequencies", "sinusoidal_shift", "rotary_embedding")
 
 
-@cases_for("sinusoidal_positions", may_use="NumPy (np.sin, np.cos, np.arange)", forbids=SINUSOID_ROUTES)
+@cases_for("sinusoidal_positions", may_use="NumPy (np.sin, np.cos, np.arange)", forbids=SINUSOID_ROUTES,
+           float32_promised=True)  # "return the table as `dtype`"
 def sinusoidal_positions_cases():
     """A small table, positions after an offset, another base, one pair (d_model = 2), and float32 at positions
     above 10^5 (where angles computed in float32 are off by 10^-3 and more)."""

@@ -62,7 +62,8 @@ check_repeat_kv = make_check("repeat_kv")
 
 
 @cases_for("apply_rotary", may_use="NumPy (the two halves of the last axis), without mnp.rotate_half",
-           forbids=("rotate_half",) + GROUPED_ROUTES)  # the text says "without rotate_half"
+           forbids=("rotate_half",) + GROUPED_ROUTES,  # the text says "without rotate_half"
+           float32_promised=True)  # "float32 stays float32"
 def apply_rotary_cases():
     """Heads of a batch (float32, with float64 tables: float32 stays float32), positions after an offset,
     position 0 alone (no turn), and one pair (d_head = 2) in float32 at positions above 10^5."""
@@ -146,7 +147,7 @@ CACHE_ROUTES = ("grouped_query_attention", "causal_mask_after", "causal_mask")
 @cases_for("attend_with_cache", returns=("out", "weights", "keys", "values"),
            may_use="NumPy, mnp.repeat_kv, mnp.rotary_embedding, mnp.apply_rotary and "
                    "mnp.scaled_dot_product_attention (not mnp.causal_mask_after: the offset is the exercise)",
-           forbids=CACHE_ROUTES)
+           forbids=CACHE_ROUTES, float32_promised=True)  # "float32 for float32 inputs"
 def attend_with_cache_cases():
     """An empty cache, one and several new tokens after a cache, causal with and without a mask, RoPE on
     and off, grouped heads (h = 4 over h_kv = 2) and multi-query (h_kv = 1), a mask of keys with a batch

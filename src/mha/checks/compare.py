@@ -50,7 +50,18 @@ def describe_structure(structure):
     return f"({inner})"
 
 
-def compare_arrays(what, expected, got):
+def dtype_problem(what, expected, got, float32_promised):
+    """None if `got`'s float dtype is acceptable, else what is wrong with it. A float64 answer must be float64
+    (a float64 input answered in float64). A float32 answer must be float32 where the text promises it
+    (`float32_promised`); elsewhere float64 is accepted too (the same numbers, computed more exactly)."""
+    if got.dtype == expected.dtype:
+        return None
+    if expected.dtype == np.float32 and got.dtype == np.float64 and not float32_promised:
+        return None
+    return f"{what}: expected dtype {expected.dtype}, got {got.dtype} (same shape {got.shape})"
+
+
+def compare_arrays(what, expected, got, float32_promised=True):
     """None if `got` equals `expected`, else a message saying how they differ."""
     expected = np.asarray(expected)  # a number, such as a count of bytes, becomes a 0-d array
     if not isinstance(got, np.ndarray) and not np.isscalar(got):
@@ -69,9 +80,8 @@ def compare_arrays(what, expected, got):
         if got.dtype.kind not in "iu":
             return f"{what}: expected whole numbers (an integer dtype), got dtype {got.dtype}"
         return compare_integers(what, expected, got)
-    if got.dtype != expected.dtype:
-        return f"{what}: expected dtype {expected.dtype}, got {got.dtype} (same shape {got.shape})"
-    return compare_numbers(what, expected, got)
+    problem = dtype_problem(what, expected, got, float32_promised)
+    return problem or compare_numbers(what, expected, got)
 
 
 def compare_booleans(what, expected, got):
@@ -115,10 +125,11 @@ def compare_numbers(what, expected, got):
             f"{diff[i]:.3g} at index {i}: expected {expected[i]:.6g}, got {got[i]:.6g}")
 
 
-def compare_result(expected, got, structure):
-    """Compare a whole result: an array, or a tuple such as (out, weights), part by part."""
+def compare_result(expected, got, structure, float32_promised=True):
+    """Compare a whole result: an array, or a tuple such as (out, weights), part by part. `float32_promised`:
+    whether the text promises float32 answers for float32 inputs (else float64 is accepted for them)."""
     if structure is None:
-        return compare_arrays("result", expected, got)
+        return compare_arrays("result", expected, got, float32_promised)
     wanted = describe_structure(structure)
     if not isinstance(got, (tuple, list)):
         return f"expected a tuple {wanted}, got {type(got).__name__}"
@@ -126,7 +137,8 @@ def compare_result(expected, got, structure):
         return (f"expected a tuple of {len(structure)} {wanted}, "
                 f"got a {type(got).__name__} of length {len(got)}")
     for part, e, g in zip(structure, expected, got):
-        problem = compare_arrays(part, e, g) if isinstance(part, str) else compare_result(e, g, part)
+        problem = (compare_arrays(part, e, g, float32_promised) if isinstance(part, str)
+                   else compare_result(e, g, part, float32_promised))
         if problem:
             return problem
     return None

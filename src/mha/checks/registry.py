@@ -89,6 +89,10 @@ class Check:
     # Third-party packages beside NumPy that a solution may import (say "scipy"): in grading the others
     # (torch, scipy, ...) are absent from the worker that runs this exercise.
     packages: tuple = ()
+    # Whether the exercise's text promises float32 answers to float32 inputs ("float32 stays float32", "return
+    # the table as dtype"); elsewhere a float64 answer to a float32 input is accepted. A float64 input must
+    # always be answered in float64.
+    float32_promised: bool = False
 
     def absent(self):
         """The library names that the student edition switches off for this exercise, sorted."""
@@ -102,14 +106,15 @@ class Check:
 CHECKS = {}
 
 
-def cases_for(name, returns=None, may_use="NumPy", forbids=(), packages=()):
+def cases_for(name, returns=None, may_use="NumPy", forbids=(), packages=(), float32_promised=False):
     """Register the function that makes the named cases of `check_<name>`; `returns`, `may_use`,
-    `forbids` and `packages` as in `Check`."""
+    `forbids`, `packages` and `float32_promised` as in `Check`."""
     def register(make_cases):
         earlier = CHECKS.get(name)
         if earlier is not None and earlier.make_cases.__module__ != make_cases.__module__:
             raise ValueError(f"the cases of {name} are already registered in {earlier.make_cases.__module__}")
-        CHECKS[name] = Check(name, make_cases, returns, may_use, forbids=tuple(forbids), packages=tuple(packages))
+        CHECKS[name] = Check(name, make_cases, returns, may_use, forbids=tuple(forbids), packages=tuple(packages),
+                             float32_promised=float32_promised)
         return make_cases
     return register
 
@@ -241,12 +246,12 @@ def problem_with(check, case, got, args, kwargs, peak=None):
         return (f"the call took {peak / 2**20:.1f} MiB at its peak, more than the {case.peak_bytes / 2**20:.1f} "
                 f"MiB allowed: never build the whole T_q x T_k array of scores")
     expected = expected_answer(check.name, case)  # only now: no answer waits in a frame the learner could read
-    return compare_result(expected, got, check.returns)
+    return compare_result(expected, got, check.returns, check.float32_promised)
 
 
-DTYPE_HINT = ("keep the input's dtype: float32 in, float32 out. A float64 NumPy scalar (np.sqrt(d), np.float64(...)) "
-              "or a float64 array in the arithmetic turns float32 into float64; use a Python float (d ** 0.5) "
-              "or .astype(x.dtype)")
+DTYPE_HINT = ("keep the input's dtype: a float64 input is answered in float64, and here float32 stays float32. "
+              "A float64 NumPy scalar (np.sqrt(d), np.float64(...)) or a float64 array in the arithmetic turns "
+              "float32 into float64; use a Python float (d ** 0.5) or .astype(x.dtype)")
 
 
 def failure_message(check, case, got, problem, fn_name, seed):

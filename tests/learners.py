@@ -8,8 +8,10 @@ and replays are wrong solutions that remember what an earlier check asked and an
 """
 
 import inspect
+import io
 import sys
 import textwrap
+from contextlib import contextmanager, redirect_stdout
 
 import numpy as np
 
@@ -127,3 +129,52 @@ def cached_attention(q, k, v, past_keys, past_values, causal, mask, rope_base, *
 
 
 FROM_SCRATCH = {f.__name__: f for f in (repeat_kv, apply_rotary, attend_with_cache, kv_cache_bytes)}
+
+
+# The trap tests' common parts (tests/test_checks_traps_ch01_06.py and _ch07_12.py) ----------------------
+
+SEEDS = range(10)
+
+
+def run(name, fn, seed):
+    """check_<name>(fn, seed=seed); the line it printed (its confirmation)."""
+    import mha.checks as checks
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        getattr(checks, f"check_{name}")(fn, seed=seed)
+    return printed.getvalue().strip()
+
+
+def failures_on_every_seed(name, fn, seeds=SEEDS):
+    """The messages of check_<name>(fn) on `seeds`; fails the test if any seed lets fn pass."""
+    import pytest
+
+    import mha.checks as checks
+    messages = []
+    for seed in seeds:
+        with pytest.raises(checks.CheckFailed) as info:
+            run(name, fn, seed)
+        messages.append(str(info.value))
+    return messages
+
+
+class ThisIsTheExercise(Exception):
+    """What a function of the student edition raises when the exercise forbids it."""
+
+
+@contextmanager
+def student_edition(name, monkeypatch):
+    """mha as the worker that grades exercise `name` has it: every name of the check's `absent()` raises,
+    in every module of both faces (so a library function that called one of them would break too), and
+    torch cannot be imported."""
+    from mha.checks.registry import CHECKS
+
+    def switched_off(*args, **kwargs):
+        raise ThisIsTheExercise(f"this is the exercise {name}")
+    for module_name, module in list(sys.modules.items()):
+        if module is not None and module_name.split(".")[:2] in (["mha", "numpy"], ["mha", "torch"]):
+            for absent in CHECKS[name].absent():
+                if absent in vars(module):
+                    monkeypatch.setattr(module, absent, switched_off)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    yield

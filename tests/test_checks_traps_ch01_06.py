@@ -4,43 +4,20 @@ refused; a right solution written from scratch passes on every seed; and what ea
 call (`forbids`, `packages`) agrees with its text, so that a student edition of mha without those
 functions refuses the library's routes and keeps the permitted functions working."""
 
-import io
 import math
-import sys
-from contextlib import contextmanager, redirect_stdout
 
 import numpy as np
 import pytest
 from scipy.special import erf
 
-import mha.checks as checks
+from learners import SEEDS, failures_on_every_seed, run, student_edition
+
 import mha.numpy as mnp
 from mha.checks.registry import CHECKS
 
-SEEDS = range(10)
 CHAPTERS_1_TO_6 = ["softmax", "self_attention", "symmetric_attention", "scaled_dot_product_attention",
                    "head_attention", "multihead_attention_loop", "split_heads", "merge_heads", "causal_mask",
                    "padding_mask", "multihead_attention", "layer_norm", "feed_forward", "encoder_block"]
-
-
-def run(name, fn, seed):
-    """check_<name>(fn, seed=seed), its printed line swallowed."""
-    with redirect_stdout(io.StringIO()):
-        getattr(checks, f"check_{name}")(fn, seed=seed)
-
-
-def failures_on_every_seed(name, fn):
-    """The messages of check_<name>(fn) on seeds 0..9; fails the test if any seed lets fn pass."""
-    messages = []
-    for seed in SEEDS:
-        with pytest.raises(checks.CheckFailed) as info:
-            run(name, fn, seed)
-        messages.append(str(info.value))
-    return messages
-
-
-# Right solutions written from scratch: NumPy only, float32 kept float32 (math.sqrt, not np.sqrt, whose
-# float64 scalar would widen a float32 array) ---------------------------------------------------------
 
 
 def rows_softmax(scores, allowed=True):
@@ -170,7 +147,7 @@ def test_every_check_of_chapters_1_to_6_has_a_solution_from_scratch_here():
 @pytest.mark.parametrize("name", CHAPTERS_1_TO_6)
 def test_a_right_solution_from_scratch_passes_on_every_seed(name):
     for seed in SEEDS:
-        run(name, FROM_SCRATCH[name], seed)
+        assert run(name, FROM_SCRATCH[name], seed).startswith(f"check_{name}: all "), seed
 
 
 # Wrong solutions, as learners write them -------------------------------------------------------------
@@ -490,26 +467,6 @@ def test_forbids_names_library_functions_and_never_what_the_text_permits(name):
 ])
 def test_the_library_routes_of_the_issue_are_forbidden(name, routes):
     assert routes <= set(CHECKS[name].forbids)
-
-
-class ThisIsTheExercise(Exception):
-    """What a function of the student edition raises when the exercise forbids it."""
-
-
-@contextmanager
-def student_edition(name, monkeypatch):
-    """mha as the worker that grades exercise `name` has it: every name of the check's `absent()` raises,
-    in every module of both faces (so a library function that called one of them would break too), and
-    torch cannot be imported."""
-    def switched_off(*args, **kwargs):
-        raise ThisIsTheExercise(f"this is the exercise {name}")
-    for module_name, module in list(sys.modules.items()):
-        if module is not None and module_name.split(".")[:2] in (["mha", "numpy"], ["mha", "torch"]):
-            for absent in CHECKS[name].absent():
-                if absent in vars(module):
-                    monkeypatch.setattr(module, absent, switched_off)
-    monkeypatch.setitem(sys.modules, "torch", None)
-    yield
 
 
 def softmax_by_log_softmax(x, axis=-1):

@@ -5,45 +5,26 @@ solution written from scratch passes on every seed; and what each exercise may n
 `packages`) agrees with its text, so that a student edition of mha without those functions refuses the
 library's routes and keeps the permitted functions working."""
 
-import io
 import json
 import math
 import re
-import sys
-from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 import numpy as np
 import pytest
 from learners import FROM_SCRATCH as CHAPTER_12_FROM_SCRATCH
 
-import mha.checks as checks
+from learners import SEEDS, failures_on_every_seed, run, student_edition
+
 import mha.numpy as mnp
 from mha.checks import registry
 from mha.checks.compare import compare_result
 from mha.checks.registry import CHECKS, expected_answer
 
-SEEDS = range(10)
 CHAPTERS_7_TO_12 = ["attention_at_offset", "chunked_attention", "decoder_block", "sinusoidal_positions",
                     "alibi_bias", "causal_lm_loss", "generate_greedy", "repeat_kv", "apply_rotary",
                     "attend_with_cache", "kv_cache_bytes"]
 BOOK = Path(__file__).resolve().parents[1] / "book"
-
-
-def run(name, fn, seed):
-    """check_<name>(fn, seed=seed), its printed line swallowed."""
-    with redirect_stdout(io.StringIO()):
-        getattr(checks, f"check_{name}")(fn, seed=seed)
-
-
-def failures_on_every_seed(name, fn, seeds=SEEDS):
-    """The messages of check_<name>(fn) on `seeds`; fails the test if any seed lets fn pass."""
-    messages = []
-    for seed in seeds:
-        with pytest.raises(checks.CheckFailed) as info:
-            run(name, fn, seed)
-        messages.append(str(info.value))
-    return messages
 
 
 def failures_on_every_seed_hinted_on_the_first(name, fn, monkeypatch):
@@ -177,7 +158,7 @@ def test_every_check_of_chapters_7_to_12_has_a_solution_from_scratch_here():
 @pytest.mark.parametrize("name", CHAPTERS_7_TO_12)
 def test_a_right_solution_from_scratch_passes_on_every_seed(name):
     for seed in SEEDS:
-        run(name, FROM_SCRATCH[name], seed)
+        assert run(name, FROM_SCRATCH[name], seed).startswith(f"check_{name}: all "), seed
 
 
 # Wrong solutions, as learners write them ---------------------------------------------------------------
@@ -598,26 +579,6 @@ def test_the_library_routes_of_the_issue_are_forbidden(name, routes):
 def test_apply_rotary_may_not_use_rotate_half_as_its_text_says():
     assert re.search(r"without `?rotate_half", exercise_texts(12)["apply_rotary"])
     assert "without mnp.rotate_half" in CHECKS["apply_rotary"].may_use
-
-
-class ThisIsTheExercise(Exception):
-    """What a function of the student edition raises when the exercise forbids it."""
-
-
-@contextmanager
-def student_edition(name, monkeypatch):
-    """mha as the worker that grades exercise `name` has it: every name of the check's `absent()` raises,
-    in every module of both faces (so a library function that called one of them would break too), and
-    torch cannot be imported."""
-    def switched_off(*args, **kwargs):
-        raise ThisIsTheExercise(f"this is the exercise {name}")
-    for module_name, module in list(sys.modules.items()):
-        if module is not None and module_name.split(".")[:2] in (["mha", "numpy"], ["mha", "torch"]):
-            for absent in CHECKS[name].absent():
-                if absent in vars(module):
-                    monkeypatch.setattr(module, absent, switched_off)
-    monkeypatch.setitem(sys.modules, "torch", None)
-    yield
 
 
 # The library's routes to each exercise's answer, as the issue found them ---------------------------

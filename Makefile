@@ -1,5 +1,6 @@
 # Two commands (see README.md):
 #   make book   build the course into _build/html
+#   make lab    open the chapters in JupyterLab, in a working copy (lab/)
 #   make test   install what is needed, then run every test, then re-run the
 #               chapters under other CPU kernels (test-kernels, below)
 # Both create a virtual environment in .venv on first use. `make test` also
@@ -13,20 +14,39 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # MathJax 3, from npm (the target below)
 MATHJAX := .cache/mathjax/node_modules/mathjax/es5/tex-mml-chtml.js
+# axe-core, from npm: the browser test runs it on every page (accessibility)
+AXE := .cache/axe/node_modules/axe-core/axe.min.js
 export PYTHONHASHSEED := 0
 
-.PHONY: book test clean notebooks handout browser sandbox pdf
+.PHONY: book test clean notebooks handout browser sandbox pdf lab
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
-# `make book OFFLINE=1`: a site that works with no network (MathJax served by the site
-# itself, no thebe: book/_ext/offline_site.py), as the students' site always is.
-book: $(STAMP) $(if $(OFFLINE),$(MATHJAX))
+# The site works with no network (MathJax served by the site itself, no thebe:
+# book/_ext/offline_site.py) whenever MathJax can be installed from npm; when it cannot,
+# the build says so in one line and the pages load MathJax from its CDN.
+# `make book OFFLINE=1` insists on the offline site; `make book OFFLINE=0` uses the CDN.
+book: $(STAMP)
+	@if [ "$(OFFLINE)" != 0 ]; then $(MAKE) --no-print-directory $(MATHJAX) || \
+	  echo "MathJax could not be installed: the site will load it from its CDN"; fi
 	MHA_OFFLINE_SITE=$(OFFLINE) $(BIN)/jupyter-book build . -W -n --keep-going
 	@echo "The course is built: open _build/html/index.html"
+
+# `make lab`: the chapters in JupyterLab, to run and change. They are copied once into
+# $(LAB) (git-ignored), so a learner's edits never touch book/; a chapter already there
+# is kept as it is. To start a chapter afresh, delete its copy and run `make lab` again.
+# LAB_OPTIONS go to `jupyter lab` (tests/test_lab.py starts it with --no-browser and a token);
+# as root (a container, Colab's machines) it needs --allow-root, which is then added.
+LAB := lab
+LAB_OPTIONS :=
+lab: $(STAMP)
+	@mkdir -p $(LAB)
+	@for chapter in book/*.ipynb; do [ -e "$(LAB)/$${chapter#book/}" ] || cp "$$chapter" "$(LAB)/"; done
+	@[ -e "$(LAB)/figures" ] || cp -r book/figures "$(LAB)/figures"
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(LAB)" $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_OPTIONS)
 
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 
@@ -65,7 +85,7 @@ notebooks: $(STAMP)
 # them and without root, tests/test_site.py skips with the reason (never in CI).
 CHROMIUM := /usr/bin/chromium
 
-browser: $(MATHJAX)
+browser: $(MATHJAX) $(AXE)
 	@if [ ! -x $(CHROMIUM) ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
@@ -81,6 +101,11 @@ sandbox:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
 	  else echo "no bwrap, and not root on Debian: grading falls back to folder and path isolation"; fi; \
 	fi
+
+$(AXE): $(MATHJAX)
+	@if command -v npm >/dev/null; then \
+	  npm install --prefix .cache/axe --no-audit --no-fund --loglevel=error axe-core@4.14.1; \
+	else echo "no npm: the accessibility test will skip"; fi
 
 $(MATHJAX):
 	@if ! command -v npm >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

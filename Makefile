@@ -17,6 +17,8 @@ MATHJAX := .cache/mathjax/node_modules/mathjax/es5/tex-mml-chtml.js
 # axe-core, from npm: the browser test runs it on every page (accessibility)
 AXE := .cache/axe/node_modules/axe-core/axe.min.js
 export PYTHONHASHSEED := 0
+# The tests and nbval compute on the CPU, where the stored outputs were made (mha.torch.default_device)
+TEST_ENV := MHA_DEVICE=cpu
 
 .PHONY: book test clean notebooks handout browser sandbox pdf lab
 
@@ -51,7 +53,7 @@ lab: $(STAMP)
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 test: $(STAMP) browser sandbox
-	$(BIN)/python -m pytest -n 2 --dist loadfile $(NBVAL) tests book
+	$(TEST_ENV) $(BIN)/python -m pytest -n 2 --dist loadfile $(NBVAL) tests book
 	$(MAKE) --no-print-directory test-kernels
 
 # The same book on every CPU: re-execute every chapter, and the bit-for-bit test
@@ -67,9 +69,9 @@ AVX2_KERNELS := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 O
 .PHONY: test-kernels
 test-kernels: $(STAMP)
 	@echo "== every chapter under generic kernels, 1 thread: $(GENERIC_KERNELS)"
-	env $(GENERIC_KERNELS) $(BIN)/python -m pytest -q -n 2 --dist loadfile $(NBVAL) $(KERNEL_TESTS)
+	env $(TEST_ENV) $(GENERIC_KERNELS) $(BIN)/python -m pytest -q -n 2 --dist loadfile $(NBVAL) $(KERNEL_TESTS)
 	@echo "== every chapter under AVX2 kernels, 2 threads: $(AVX2_KERNELS)"
-	env $(AVX2_KERNELS) $(BIN)/python -m pytest -q -n 2 --dist loadfile $(NBVAL) $(KERNEL_TESTS)
+	env $(TEST_ENV) $(AVX2_KERNELS) $(BIN)/python -m pytest -q -n 2 --dist loadfile $(NBVAL) $(KERNEL_TESTS)
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis

@@ -37,6 +37,7 @@ TORCH_NAMES = [
     "attend_with_cache", "causal_mask_after",
     "sinusoidal_positions", "add_positions", "alibi_slopes", "alibi_bias", "LearnedPositions", "SinusoidalPositions",
     "DecoderOnlyTransformer", "cross_entropy", "causal_lm_loss", "warmup_factor", "warmup_schedule", "generate_greedy",
+    "default_device", "synchronize",
 ]
 
 

@@ -45,8 +45,11 @@ The chapters are the notebooks in `book/`. Each ends with exercises; each
 *Implement* exercise is a function to write, followed by a check that tests it.
 
 Set up once, with Python 3.11: `python -m venv .venv && .venv/bin/python -m pip
-install -r requirements.txt`. Then open a chapter in Jupyter, or build the
-website with `.venv/bin/jupyter-book build .`.
+install -r requirements.txt`. Then open the chapters in JupyterLab with
+`.venv/bin/jupyter lab book/`, or build the website with
+`.venv/bin/jupyter-book build .`. Or, with no install at all, open a chapter in
+Colab (https://colab.research.google.com): its first cell installs the course
+library there.
 """
 
 

@@ -7,6 +7,7 @@ device and with the dtype of the input, so the modules run on CPU, GPU or `meta`
 
 The modules, each importing only those above it:
     tensors    what the face accepts: checks of tensors, masks, dtypes and devices
+    devices    default_device(): CUDA, then Apple's MPS, then the CPU, or $MHA_DEVICE; synchronize
     attention  functions (softmax, scaled dot-product attention, split and merge,
                masks) and the attention modules of chapters 2 to 5
     blocks     FeedForward, encoder and decoder blocks and stacks (chapters 6, 9)
@@ -28,6 +29,7 @@ from mha.torch.attention import (
 from mha.torch.blocks import Decoder, DecoderBlock, Encoder, EncoderBlock, FeedForward, layer_norm
 from mha.torch.cache import KVCache, kv_cache_bytes
 from mha.torch.chunked import chunked_attention
+from mha.torch.devices import default_device, synchronize
 from mha.torch.grouped import GroupedQueryAttention, attend_with_cache, causal_mask_after, repeat_kv
 from mha.torch.model import (
     DecoderOnlyTransformer, causal_lm_loss, cross_entropy, generate_greedy, warmup_factor, warmup_schedule,
@@ -53,4 +55,6 @@ __all__ = [
     "SinusoidalPositions",
     # chapter 11: a decoder-only Transformer
     "DecoderOnlyTransformer", "cross_entropy", "causal_lm_loss", "warmup_factor", "warmup_schedule", "generate_greedy",
+    # where the chapters that show speed or memory compute
+    "default_device", "synchronize",
 ]

@@ -15,6 +15,7 @@ The modules, each importing only those above it:
     grouped    grouped-query attention (shared key/value heads), with RoPE and the cache
     positions  positions added to tokens (learned, sinusoidal) or to the scores (ALiBi)
     model      a decoder-only Transformer (a small GPT), its loss, warm-up and greedy generation
+    parts      the parts of today's language models: RMSNorm, gated feed-forwards (SwiGLU, GeGLU)
 Import the face, not the modules: `import mha.numpy as mnp`.
 """
 
@@ -35,6 +36,7 @@ from mha.numpy.grouped import attend_with_cache, causal_mask_after, grouped_quer
 from mha.numpy.model import (
     causal_lm_loss, cross_entropy, decoder_only_transformer, generate_greedy, log_softmax, warmup_factor,
 )
+from mha.numpy.parts import gated_feed_forward, geglu, rms_norm, silu, swiglu
 from mha.numpy.rotary import apply_rotary, rotary_embedding, rotate_half
 from mha.numpy.positions import (
     add_positions, alibi_bias, alibi_slopes, sinusoidal_frequencies, sinusoidal_positions, sinusoidal_shift,
@@ -60,4 +62,6 @@ __all__ = [
     "alibi_bias",
     # model (chapter 11)
     "decoder_only_transformer", "log_softmax", "cross_entropy", "causal_lm_loss", "warmup_factor", "generate_greedy",
+    # parts of today's models (chapter 13)
+    "rms_norm", "silu", "gated_feed_forward", "swiglu", "geglu",
 ]

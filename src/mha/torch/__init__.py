@@ -18,6 +18,7 @@ The modules, each importing only those above it:
     hf_config  what from_llama reads from a Hugging Face layer's config, and what it refuses
     positions  LearnedPositions, SinusoidalPositions and ALiBi's bias (chapter 10)
     model      DecoderOnlyTransformer (a small GPT), its loss, warm-up and greedy generation (chapter 11)
+    parts      RMSNorm and the gated feed-forwards SwiGLU and GeGLU of today's models (chapter 13)
 Import the face, not the modules: `import mha.torch as mt`.
 """
 
@@ -34,6 +35,7 @@ from mha.torch.grouped import GroupedQueryAttention, attend_with_cache, causal_m
 from mha.torch.model import (
     DecoderOnlyTransformer, causal_lm_loss, cross_entropy, generate_greedy, warmup_factor, warmup_schedule,
 )
+from mha.torch.parts import GatedFeedForward, GeGLU, RMSNorm, SwiGLU
 from mha.torch.rotary import apply_rotary, rotary_embedding, rotate_half
 from mha.torch.positions import (
     LearnedPositions, SinusoidalPositions, add_positions, alibi_bias, alibi_slopes, sinusoidal_positions,
@@ -57,4 +59,6 @@ __all__ = [
     "DecoderOnlyTransformer", "cross_entropy", "causal_lm_loss", "warmup_factor", "warmup_schedule", "generate_greedy",
     # where the chapters that show speed or memory compute
     "default_device", "synchronize",
+    # parts of today's models (chapter 13)
+    "RMSNorm", "GatedFeedForward", "SwiGLU", "GeGLU",
 ]

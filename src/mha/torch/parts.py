@@ -1,0 +1,144 @@
+"""The parts of today's language models beside attention, as modules (chapter 13).
+
+- `RMSNorm`: equal to torch.nn.RMSNorm and to Llama's LlamaRMSNorm; with
+  unit_offset=True, to Gemma's, which stores w, scales by (1 + w) and computes in float32.
+- `GatedFeedForward`: act(x W_gate) * (x W_up), then W_down, without biases;
+  `SwiGLU` (SiLU, equal to Llama's LlamaMLP) and `GeGLU` (GELU's tanh approximation,
+  equal to Gemma's GemmaMLP) are it with the activation fixed.
+
+The same names and numbers as `mha.numpy.parts` (`rms_norm`, `gated_feed_forward`),
+fed by each module's `numpy_params()`.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mha import validate
+from mha.torch.attention import linear_weight
+from mha.torch.tensors import check_input
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis, (..., d) -> (..., d).
+
+    unit_offset=False (Llama, Mistral, Qwen, OLMo): the weight starts at 1, and the
+    normalised x is cast back to the input's dtype before the weight multiplies it.
+    unit_offset=True (Gemma): the weight starts at 0 and the scale is (1 + weight),
+    applied in float32 before the cast. Half-precision inputs are normalised in float32.
+    """
+
+    def __init__(self, d_model, eps=1e-6, *, unit_offset=False, device=None, dtype=None):
+        super().__init__()
+        validate.check_int("d_model", d_model)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+            raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+        if not isinstance(unit_offset, bool):
+            raise TypeError(f"unit_offset must be True or False, got {unit_offset!r}")
+        self.eps, self.unit_offset = float(eps), unit_offset
+        start = torch.zeros if unit_offset else torch.ones
+        self.weight = nn.Parameter(start(d_model, device=device, dtype=dtype))
+
+    def forward(self, x):
+        check_input(self, "x", x, self.weight.shape[0])
+        work = x.float() if x.dtype in HALF else x
+        normed = work * torch.rsqrt(work.pow(2).mean(-1, keepdim=True) + self.eps)  # (..., d)
+        if self.unit_offset:
+            return (normed * (1 + self.weight.to(work.dtype))).to(x.dtype)
+        return self.weight * normed.to(x.dtype)
+
+    def numpy_params(self):
+        """weight (and eps, unit_offset) for `mha.numpy.rms_norm`."""
+        return {"weight": self.weight.detach().cpu().numpy(), "eps": self.eps, "unit_offset": self.unit_offset}
+
+    def extra_repr(self):
+        return f"{self.weight.shape[0]}, eps={self.eps}, unit_offset={self.unit_offset}"
+
+
+GATES = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+class GatedFeedForward(nn.Module):
+    """act(x W_gate) * (x W_up), then W_down: (..., T, d_model) -> (..., T, d_model), no biases.
+
+    activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU with GELU's tanh approximation).
+    """
+
+    def __init__(self, d_model, d_ff, *, activation="silu", device=None, dtype=None):
+        super().__init__()
+        if activation not in GATES:
+            raise ValueError(f'activation must be "silu" (SwiGLU) or "gelu_tanh" (GeGLU), got {activation!r}')
+        validate.check_int("d_model", d_model)
+        validate.check_int("d_ff", d_ff)
+        options = dict(bias=False, device=device, dtype=dtype)
+        self.activation = activation
+        self.W_gate = nn.Linear(d_model, d_ff, **options)
+        self.W_up = nn.Linear(d_model, d_ff, **options)
+        self.W_down = nn.Linear(d_ff, d_model, **options)
+
+    def forward(self, x):
+        check_input(self, "x", x, self.W_gate.in_features)
+        return self.W_down(GATES[self.activation](self.W_gate(x)) * self.W_up(x))  # (..., T, d_model)
+
+    def numpy_params(self):
+        """W_gate, W_up, W_down (row-vector convention) and activation for `mha.numpy.gated_feed_forward`."""
+        return {"W_gate": linear_weight(self.W_gate), "W_up": linear_weight(self.W_up),
+                "W_down": linear_weight(self.W_down), "activation": self.activation}
+
+    @classmethod
+    def from_hf(cls, mlp):
+        """A copy of a Hugging Face gated MLP (gate_proj, up_proj, down_proj, no biases: Llama's,
+        Mistral's, Qwen's, Gemma's, OLMo's), with the activation its config names."""
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            layer = getattr(mlp, name, None)
+            if not isinstance(layer, nn.Linear) or layer.bias is not None:
+                raise ValueError(f"{type(mlp).__name__} has no bias-free nn.Linear {name}: "
+                                 f"only gated MLPs like LlamaMLP and GemmaMLP can be copied")
+        activation = hf_activation(mlp)
+        fixed = getattr(cls, "FIXED_ACTIVATION", None)
+        if fixed is not None and fixed != activation:
+            raise ValueError(f"{type(mlp).__name__} uses {activation}, but {cls.__name__} uses {fixed}: "
+                             f"copy it with GatedFeedForward.from_hf")
+        weight = mlp.gate_proj.weight
+        options = dict(device=weight.device, dtype=weight.dtype)
+        d_model, d_ff = mlp.gate_proj.in_features, mlp.gate_proj.out_features
+        ours = cls(d_model, d_ff, **options) if fixed else cls(d_model, d_ff, activation=activation, **options)
+        with torch.no_grad():
+            for mine, theirs in ((ours.W_gate, mlp.gate_proj), (ours.W_up, mlp.up_proj), (ours.W_down, mlp.down_proj)):
+                mine.weight.copy_(theirs.weight)
+        return ours.train(mlp.training)
+
+
+# Hugging Face's names for the two gates (transformers.activations.ACT2FN); any other is refused.
+HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def hf_activation(mlp):
+    """ "silu" or "gelu_tanh": the activation a Hugging Face MLP's config names (Gemma's
+    hidden_activation, else hidden_act)."""
+    config = getattr(mlp, "config", None)
+    name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+    if name not in HF_ACTIVATIONS:
+        raise ValueError(f"{type(mlp).__name__}'s config names the activation {name!r}; only "
+                         f"{sorted(HF_ACTIVATIONS)} are computed here (exact GELU is not GELU's tanh form)")
+    return HF_ACTIVATIONS[name]
+
+
+class SwiGLU(GatedFeedForward):
+    """Llama's feed-forward: silu(x W_gate) * (x W_up), then W_down."""
+
+    FIXED_ACTIVATION = "silu"
+
+    def __init__(self, d_model, d_ff, *, device=None, dtype=None):
+        super().__init__(d_model, d_ff, activation="silu", device=device, dtype=dtype)
+
+
+class GeGLU(GatedFeedForward):
+    """Gemma's feed-forward: gelu_tanh(x W_gate) * (x W_up), then W_down."""
+
+    FIXED_ACTIVATION = "gelu_tanh"
+
+    def __init__(self, d_model, d_ff, *, device=None, dtype=None):
+        super().__init__(d_model, d_ff, activation="gelu_tanh", device=device, dtype=dtype)

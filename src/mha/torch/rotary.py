@@ -6,9 +6,11 @@ The tables follow the dtype asked for: float64 tables are computed in float64;
 the others in float32, exactly as Llama's `LlamaRotaryEmbedding`, then cast.
 """
 
+import math
+
 import torch
 
-from mha import validate
+from mha import rope_scaling, validate
 from mha.torch.tensors import check_is_tensor, check_tensor
 
 
@@ -21,24 +23,25 @@ def check_even_width(name, d_head):
 
 
 
-def rotary_embedding(T, d_head, base=10000.0, offset=0, *, dtype=None, device=None):
+def rotary_embedding(T, d_head, base=10000.0, offset=0, *, dtype=None, device=None, scaling=None):
     """The rotation tables (cos, sin), each (T, d_head), for positions offset .. offset + T - 1.
 
     Column i and column i + d_head / 2 hold the same angle, position * base^(-2i / d_head).
-    `dtype` defaults to torch's default dtype.
+    `dtype` defaults to torch's default dtype. `scaling` (see `rotary_frequencies`) changes the
+    frequencies, and YaRN also scales both tables; dynamic NTK reads the length offset + T.
     """
     T, d_head = validate.check_int("T", T), validate.check_int("d_head", d_head)
     offset = validate.check_int("offset", offset, minimum=0)
-    check_even_width("the rotary table", d_head)
-    base = validate.check_base(base)
     dtype = torch.get_default_dtype() if dtype is None else dtype
     if not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
-    work = torch.float64 if dtype == torch.float64 else torch.float32  # Llama's tables are float32
-    inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2, dtype=work, device=device) / d_head))  # (d/2,)
-    angles = torch.arange(offset, offset + T, dtype=work, device=device)[:, None] * inv_freq  # (T, d/2)
+    inv_freq, attention_factor = rotary_frequencies(d_head, base, scaling, seq_len=offset + T, dtype=dtype,
+                                                    device=device)  # (d/2,)
+    angles = torch.arange(offset, offset + T, dtype=inv_freq.dtype, device=device)[:, None] * inv_freq  # (T, d/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, d_head): pair i and i + d/2 share an angle
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    if attention_factor == 1.0:
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+    return (angles.cos() * attention_factor).to(dtype), (angles.sin() * attention_factor).to(dtype)
 
 
 def rotate_half(x):
@@ -65,3 +68,56 @@ def apply_rotary(x, cos, sin):
         if table.device != x.device:
             raise ValueError(f"{name} is on {table.device}, x on {x.device}: make the tables with device=x.device")
     return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+
+
+def rotary_frequencies(d_head, base=10000.0, scaling=None, *, seq_len=None, dtype=None, device=None):
+    """(inv_freq, attention_factor): the d_head / 2 frequencies of RoPE, and the factor that
+    scales cos and sin (1 except for YaRN), with a RoPE scaling applied if given.
+
+    scaling: None, or a dict as transformers' rope_parameters (mha.rope_scaling): rope_type
+    "linear", "dynamic", "yarn" or "llama3" with its keys. seq_len: the number of positions
+    seen so far, which only dynamic NTK reads. float32 frequencies are computed with the same
+    operations as transformers' ROPE_INIT_FUNCTIONS, and are equal to them bit for bit.
+    """
+    d_head = validate.check_int("d_head", d_head)
+    check_even_width("the rotary table", d_head)
+    base, scaling = validate.check_base(base), rope_scaling.check_rope_scaling(scaling)
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    work = torch.float64 if dtype == torch.float64 else torch.float32  # transformers: float32
+    kind = "default" if scaling is None else scaling["rope_type"]
+    if kind == "dynamic":
+        seq_len = validate.check_int("seq_len", seq_len if seq_len is not None else 1)
+        base = rope_scaling.dynamic_ntk_base(scaling, d_head, base, seq_len)
+    exponents = torch.arange(0, d_head, 2, dtype=torch.int64, device=device).to(work) / d_head  # (d/2,)
+    if kind == "yarn":
+        return yarn_frequencies(scaling, d_head, base, exponents), rope_scaling.yarn_attention_factor(scaling)
+    inv_freq = 1.0 / (base ** exponents)  # (d/2,)
+    if kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        inv_freq = llama3_frequencies(scaling, inv_freq)
+    return inv_freq, 1.0
+
+
+def yarn_frequencies(scaling, d_head, base, exponents):
+    """YaRN: the original frequencies for the fast dimensions, divided by the factor for the slow
+    ones, and a linear blend in between."""
+    low, high = rope_scaling.yarn_ramp_range(scaling, d_head, base)
+    powers = base ** exponents  # (d/2,)
+    original, interpolated = 1.0 / powers, 1.0 / (scaling["factor"] * powers)
+    ramp = (torch.arange(d_head // 2, dtype=exponents.dtype, device=exponents.device) - low) / (high - low)
+    keep = 1 - ramp.clamp(0, 1)  # (d/2,): 1 = keep the original frequency
+    return interpolated * (1 - keep) + original * keep
+
+
+def llama3_frequencies(scaling, inv_freq):
+    """Llama 3.1's: wavelengths beyond original / low_freq_factor divided by the factor, those below
+    original / high_freq_factor kept, and a smooth blend between."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    context = scaling["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / inv_freq  # (d/2,)
+    scaled = torch.where(wavelength > context / low, inv_freq / factor, inv_freq)
+    smooth = (context / wavelength - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelength < context / high) * ~(wavelength > context / low)
+    return torch.where(medium, blended, scaled)

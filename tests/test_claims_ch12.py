@@ -171,10 +171,7 @@ def diagonal_changes(rng, T=16, d=8, d_head=8):
     W_q, W_k = rng.normal(size=(2, d, d_head)) / np.sqrt(d)
     one_hot_in = np.concatenate([np.tile(x, (T, 1)), np.eye(T)], axis=1)  # (T, d + T)
     W_q1, W_k1 = rng.normal(size=(2, d + T, d_head)) / np.sqrt(d + T)
-    pos, i = np.arange(T)[:, None], np.arange(0, d, 2)[None, :]
-    sinusoid = np.zeros((T, d))
-    sinusoid[:, 0::2], sinusoid[:, 1::2] = np.sin(pos / 10000 ** (i / d)), np.cos(pos / 10000 ** (i / d))
-    added_in = x + sinusoid
+    added_in = x + mnp.sinusoidal_positions(T, d)  # (T, d)
     cos, sin = mnp.rotary_embedding(T, d_head)
     q_all, k_all = np.tile(x @ W_q, (T, 1)), np.tile(x @ W_k, (T, 1))
     changes = []

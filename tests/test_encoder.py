@@ -101,6 +101,99 @@ def test_encoder_with_causal_mask_matches_src_mask():
         assert_close(block(x, causal), layer(x, src_mask=~causal))
 
 
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post", "pre"])
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_causal_block_equals_the_layer_with_is_causal(norm_first, mode):
+    """causal=True is nn.TransformerEncoderLayer's is_causal with its causal mask, on every path
+    of ours (fused kernel, weights asked for), and the NumPy block with causal=True gives the same."""
+    layer = torch_layer(norm_first, "gelu", np.float64).train(mode == "train")
+    block = mt.EncoderBlock.from_torch(layer)
+    X, _, _ = padded_batch(np.float64, seed=3)
+    x = torch.as_tensor(X)
+    with torch.no_grad():
+        expected = layer(x, src_mask=nn.Transformer.generate_square_subsequent_mask(T, dtype=x.dtype),
+                         is_causal=True)
+        fast = block(x, causal=True)
+        out, weights = block(x, causal=True, return_weights=True)
+    assert_close(fast, expected)
+    assert_close(out, expected)
+    assert torch.all(weights.triu(diagonal=1) == 0)  # no query attends to a later key
+    numpy_out, numpy_weights = mn.encoder_block(X, N_HEADS, causal=True, norm_first=norm_first,
+                                                activation="gelu", **block.numpy_params())
+    assert_close(numpy_out, expected)
+    assert_close(numpy_weights, weights)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post", "pre"])
+def test_causal_is_the_causal_mask_combined_with_the_given_one(norm_first):
+    """causal=True with a padding mask equals the mask padding & causal_mask(T), given explicitly,
+    in both faces, with and without the weights."""
+    block = mt.EncoderBlock.from_torch(torch_layer(norm_first, "relu", np.float64)).eval()
+    X, padding, _ = padded_batch(np.float64, seed=4)
+    x, mask = torch.as_tensor(X), torch.as_tensor(padding)
+    both = mask & mt.causal_mask(T)  # (B, 1, T, T)
+    with torch.no_grad():
+        expected, expected_weights = block(x, both, return_weights=True)
+        assert_close(block(x, mask, causal=True), expected)
+        out, weights = block(x, mask, return_weights=True, causal=True)
+    assert_close(out, expected)
+    assert torch.equal(weights == 0, expected_weights == 0) and torch.any(weights == 0)
+    params = dict(norm_first=norm_first, **block.numpy_params())
+    numpy_out, numpy_weights = mn.encoder_block(X, N_HEADS, mask=padding, causal=True, **params)
+    numpy_expected, _ = mn.encoder_block(X, N_HEADS, mask=both.numpy(), **params)
+    assert_close(numpy_out, numpy_expected)
+    assert_close(numpy_out, expected)
+    assert_close(numpy_weights, weights)
+
+
+def test_causal_stack_equals_transformer_encoder_with_is_causal():
+    layer = torch_layer(True, "relu", np.float64)
+    stack = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
+    with torch.no_grad():
+        for p in stack.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    encoder = mt.Encoder.from_torch(stack)
+    x = torch.randn(2, T, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        expected = stack(x, mask=nn.Transformer.generate_square_subsequent_mask(T, dtype=x.dtype), is_causal=True)
+        out, weights = encoder(x, return_weights=True, causal=True)
+        assert_close(encoder(x, causal=True), expected)
+    assert_close(out, expected)
+    assert all(torch.all(w.triu(diagonal=1) == 0) for w in weights)
+    numpy_out, _ = mn.encoder(x.numpy(), encoder.numpy_params(), N_HEADS, causal=True, norm_first=True)
+    assert_close(numpy_out, expected)
+
+
+def test_causal_without_a_mask_lets_the_kernel_skip_the_blocked_half(monkeypatch):
+    """No mask and no weights: the block hands is_causal=True to PyTorch's kernel, no mask tensor."""
+    calls = []
+    kernel = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    block = mt.EncoderBlock(D_MODEL, N_HEADS, D_FF, dtype=torch.float64).eval()
+    with torch.no_grad():
+        block(torch.randn(2, T, D_MODEL, dtype=torch.float64), causal=True)
+    assert [(c["is_causal"], c["attn_mask"]) for c in calls] == [(True, None)]
+
+
+@pytest.mark.parametrize("causal", [1, "yes", None, torch.tensor(True), np.ones((T, T), dtype=bool)],
+                         ids=["1", "'yes'", "None", "a tensor", "a mask"])
+def test_causal_must_be_true_or_false(causal):
+    block = mt.EncoderBlock(D_MODEL, N_HEADS, D_FF, dtype=torch.float64)
+    encoder = mt.Encoder(2, D_MODEL, N_HEADS, D_FF, dtype=torch.float64)
+    x = torch.randn(1, T, D_MODEL, dtype=torch.float64)
+    message = "causal must be True or False, got"
+    for run in (lambda: block(x, causal=causal), lambda: encoder(x, causal=causal),
+                lambda: mn.encoder_block(x.numpy(), N_HEADS, causal=causal, **block.numpy_params()),
+                lambda: mn.encoder(x.numpy(), encoder.numpy_params(), N_HEADS, causal=causal)):
+        with pytest.raises(TypeError, match=message):
+            run()
+
+
 def test_encoder_block_without_bias_matches_torch():
     layer = nn.TransformerEncoderLayer(D_MODEL, N_HEADS, D_FF, dropout=0.0, batch_first=True,
                                        bias=False, dtype=torch.float64)

@@ -4,6 +4,7 @@ and clear errors for bad input."""
 
 import copy
 import math
+import re
 
 import numpy as np
 import pytest
@@ -12,7 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import mha.numpy as mnp
+import mha.numpy.model as numpy_model
 import mha.torch as mt
+import mha.torch.model as torch_model
 
 V, D, H, LAYERS, D_FF, MAX_LEN = 11, 12, 3, 2, 20, 9
 
@@ -311,3 +314,41 @@ def test_bad_head_masks_targets_and_losses_are_refused(small):
         mt.warmup_factor(3, 0)
     with pytest.raises(ValueError, match=r"logits_fn must return logits of shape \(\.\.\., T, V\)"):
         mnp.generate_greedy(lambda t: np.zeros((V,)), np.array([1, 2]), 1)
+
+
+
+BAD_PROMPTS = [
+    (np.array([[1.0, 2.0]]), TypeError, "prompt must be integer token ids, got dtype"),
+    (np.zeros((2, 0), dtype=np.int64), ValueError, "prompt must hold at least one token per sequence"),
+    (np.array(3), ValueError, "prompt must have at least 1 dimensions"),
+    (np.array([[0, V]]), ValueError, f"tokens holds the id {V}, but the vocabulary has ids 0 .. {V - 1} only"),
+    (np.array([[0, -1]]), ValueError, "tokens holds the id -1, but token ids start at 0"),
+]
+
+
+def generation(face, small):
+    """generate_greedy of one face, the model as that face calls it, and a prompt converter."""
+    model, params = small
+    if face == "torch":
+        return mt.generate_greedy, model, torch.from_numpy
+    return mnp.generate_greedy, lambda tokens: mnp.decoder_only_transformer(tokens, **params)[0], np.asarray
+
+
+@pytest.mark.parametrize("face", ["numpy", "torch"])
+@pytest.mark.parametrize("prompt,error,message", BAD_PROMPTS, ids=["float", "empty", "0-d", "id V", "id -1"])
+def test_generation_refuses_a_bad_prompt_its_form_there_its_ids_in_the_model(small, face, prompt, error, message):
+    generate, logits_fn, convert = generation(face, small)
+    with pytest.raises(error, match=re.escape(message)):
+        generate(logits_fn, convert(prompt), 2)
+
+
+@pytest.mark.parametrize("face", ["numpy", "torch"])
+def test_generation_reads_the_ids_once_per_step_in_the_model(small, face, monkeypatch):
+    """generate_greedy does not read the prompt's ids itself: the model does, once per call."""
+    generate, logits_fn, convert = generation(face, small)
+    module = numpy_model if face == "numpy" else torch_model
+    reads, check_ids = [], module.check_ids
+    monkeypatch.setattr(module, "check_ids", lambda name, ids, vocab: reads.append(name) or check_ids(name, ids, vocab))
+    with torch.no_grad():
+        out = generate(logits_fn, convert(np.array([[1, 2, 3]])), 4)
+    assert tuple(out.shape) == (1, 7) and reads == ["tokens"] * 4

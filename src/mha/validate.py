@@ -183,6 +183,13 @@ def check_activation(activation):
                          f'(or "gelu_tanh", the tanh approximation of GELU)')
 
 
+def check_causal(causal):
+    """`causal` must be True or False: a mask passed in its place is a mistake worth naming."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {type(causal).__name__} {causal!r}")
+    return causal
+
+
 def check_cache_entries(keys, values, k, v):
     """New keys k and values v (..., h_kv, T_new, d) that fit each other and the cached `keys` and
     `values` (None while the cache is empty): same batch, heads, widths and dtype."""

@@ -79,15 +79,32 @@ def check_block_params(params):
         )
 
 
-def encoder_block(X, n_heads, *, mask=None, norm_first=False, eps=1e-5, activation="relu", **params):
+def with_causal(mask, T):
+    """`mask` (None, or already checked) and causal_mask(T): allowed only where both allow."""
+    future = causal_mask(T)  # (T, T)
+    return future if mask is None else mask & future
+
+
+def causal_self_mask(X, n_heads, mask):
+    """The self-attention mask of X with causal_mask(T) folded in: `mask` checked against the
+    scores' shape (..., h, T, T) first."""
+    validate.check_int("n_heads", n_heads)
+    validate.check_sequence("X", X)
+    return with_causal(as_mask(mask, attention_shape(X, X, n_heads)), X.shape[-2])
+
+
+def encoder_block(X, n_heads, *, mask=None, causal=False, norm_first=False, eps=1e-5, activation="relu",
+                  **params):
     """Multi-head self-attention and feed-forward, each with a residual and a LayerNorm.
 
     Post-norm (norm_first=False): X = LN_1(X + MHA(X)); X = LN_2(X + FF(X)).
     Pre-norm (norm_first=True):   X = X + MHA(LN_1(X)); X = X + FF(LN_2(X)).
-    X: (..., T, d). Returns out (..., T, d) and weights (..., h, T, T).
+    X: (..., T, d); mask broadcasts to (..., h, T, T); causal=True also applies causal_mask(T),
+    as the decoder block's self-attention does. Returns out (..., T, d) and weights (..., h, T, T).
     """
     check_block_params(params)
     validate.check_activation(activation)
+    validate.check_causal(causal)
     p = {k: params.get(k) for k in BLOCK_PARAMS}
     attention = {k: p[k] for k in ATTENTION_PARAMS}
 
@@ -101,6 +118,8 @@ def encoder_block(X, n_heads, *, mask=None, norm_first=False, eps=1e-5, activati
         return feed_forward(x, p["W_1"], p["b_1"], p["W_2"], p["b_2"], activation)
 
     X = as_float_array("X", X)
+    if causal:
+        mask = causal_self_mask(X, n_heads, mask)  # (..., h, T, T) or (T, T)
     if norm_first:
         attended, weights = multihead_attention(norm_1(X), n_heads=n_heads, mask=mask, **attention)
         X = X + attended
@@ -110,8 +129,9 @@ def encoder_block(X, n_heads, *, mask=None, norm_first=False, eps=1e-5, activati
     return norm_2(X + ff(X)), weights
 
 
-def encoder(X, layers, n_heads, *, mask=None, norm_first=False, eps=1e-5, activation="relu"):
-    """A stack of encoder blocks; `layers` is a list of parameter dicts, one per block.
+def encoder(X, layers, n_heads, *, mask=None, causal=False, norm_first=False, eps=1e-5, activation="relu"):
+    """A stack of encoder blocks; `layers` is a list of parameter dicts, one per block, each
+    given the same `mask` and `causal`.
 
     Returns out (..., T, d) and a list with each block's weights (..., h, T, T).
     """
@@ -119,7 +139,7 @@ def encoder(X, layers, n_heads, *, mask=None, norm_first=False, eps=1e-5, activa
         raise ValueError("layers must hold at least one block's parameters, got none")
     all_weights = []
     for params in layers:
-        X, weights = encoder_block(X, n_heads, mask=mask, norm_first=norm_first,
+        X, weights = encoder_block(X, n_heads, mask=mask, causal=causal, norm_first=norm_first,
                                    eps=eps, activation=activation, **params)
         all_weights.append(weights)
     return X, all_weights
@@ -157,8 +177,7 @@ def decoder_inputs(X, memory, n_heads, self_mask, memory_mask, causal):
     self_mask = as_mask(self_mask, attention_shape(X, X, n_heads), "self_mask")
     memory_mask = as_mask(memory_mask, attention_shape(X, memory, n_heads), "memory_mask")
     if causal:
-        future = causal_mask(X.shape[-2])  # (T, T)
-        self_mask = future if self_mask is None else self_mask & future  # allowed only if allowed by both
+        self_mask = with_causal(self_mask, X.shape[-2])  # allowed only if allowed by both
     return X, memory, self_mask, memory_mask
 
 

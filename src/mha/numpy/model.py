@@ -2,10 +2,10 @@
 
 The model is a small GPT built from the course's own parts: a token embedding (a
 lookup table), learned positions (`add_positions`), a stack of pre-norm blocks whose
-self-attention is causal (chapter 6's `encoder_block` with chapter 5's causal mask), a
-final LayerNorm, and a linear output head that gives one logit per token of the
-vocabulary. `mha.torch.DecoderOnlyTransformer` is its trainable twin; its
-`numpy_params()` are this module's parameters.
+self-attention is causal (chapter 6's `encoder_block` with causal=True, which applies
+chapter 5's causal mask), a final LayerNorm, and a linear output head that gives one
+logit per token of the vocabulary. `mha.torch.DecoderOnlyTransformer` is its trainable
+twin; its `numpy_params()` are this module's parameters.
 """
 
 import math
@@ -13,17 +13,23 @@ import math
 import numpy as np
 
 from mha import validate
-from mha.numpy.attention import as_float_array, causal_mask
+from mha.numpy.attention import as_float_array
 from mha.numpy.blocks import encoder_block, layer_norm
 from mha.numpy.positions import add_positions
+
+
+def check_id_dtype(name, ids):
+    """Token ids must be integers (not booleans); their values are not read. Returns them as an array."""
+    ids = np.asarray(ids)
+    if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"{name} must be integer token ids, got dtype {ids.dtype}")
+    return ids
 
 
 def check_ids(name, ids, vocab_size):
     """Token ids: integers, each in 0 .. vocab_size - 1 (any shape; vocab_size=None: any id >= 0).
     Returns them as an array."""
-    ids = np.asarray(ids)
-    if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer):
-        raise TypeError(f"{name} must be integer token ids, got dtype {ids.dtype}")
+    ids = check_id_dtype(name, ids)
     if ids.size and ids.min() < 0:
         raise ValueError(f"{name} holds the id {ids.min()}, but token ids start at 0")
     if ids.size and vocab_size is not None and ids.max() >= vocab_size:
@@ -40,6 +46,15 @@ def check_tokens(tokens, vocab_size, max_len=None, name="tokens"):
     return tokens
 
 
+def check_prompt(prompt):
+    """A prompt to continue: integer ids of shape (..., T_0), T_0 >= 1, as an array. Its ids are
+    not read here: the model reads them, and checks them against its vocabulary, once."""
+    prompt = check_id_dtype("prompt", prompt)
+    validate.check_ndim("prompt", prompt, 1)
+    validate.check_sequence_length("prompt", prompt.shape)
+    return prompt
+
+
 def decoder_only_transformer(tokens, *, embedding, position_table, layers, gamma, beta, W_out, b_out=None,
                              n_heads, activation="gelu", eps=1e-5, head_mask=None):
     """Logits for the next token at every position of `tokens`.
@@ -53,13 +68,12 @@ def decoder_only_transformer(tokens, *, embedding, position_table, layers, gamma
     validate.check_matrix("embedding", embedding)
     tokens = check_tokens(tokens, embedding.shape[0], len(position_table))
     X = add_positions(embedding[tokens], position_table)  # (..., T, d)
-    allowed = causal_mask(tokens.shape[-1])  # (T, T)
     head_mask = check_head_mask(head_mask, len(layers), n_heads)
     all_weights = []
     for i, params in enumerate(layers):
-        mask = allowed if head_mask is None else allowed & head_mask[i][:, None, None]  # (h, T, T)
-        X, weights = encoder_block(X, n_heads, mask=mask, norm_first=True, eps=eps, activation=activation,
-                                   **params)
+        mask = None if head_mask is None else head_mask[i][:, None, None]  # (h, 1, 1): False = head off
+        X, weights = encoder_block(X, n_heads, mask=mask, causal=True, norm_first=True, eps=eps,
+                                   activation=activation, **params)
         all_weights.append(weights)  # (..., h, T, T)
     logits = layer_norm(X, gamma, beta, eps) @ W_out  # (..., T, V)
     return (logits if b_out is None else logits + b_out), np.stack(all_weights)
@@ -135,7 +149,7 @@ def generate_greedy(logits_fn, prompt, n_new, *, max_len=None):
     `max_len`, the model sees at most the last max_len tokens. Returns (..., T_0 + n_new):
     the prompt, then the new tokens.
     """
-    tokens = check_tokens(prompt, None, name="prompt")  # (..., T_0); the model checks the ids
+    tokens = check_prompt(prompt)  # (..., T_0): its form; logits_fn judges its ids
     n_new = validate.check_int("n_new", n_new, minimum=0)
     for _ in range(n_new):
         context = tokens if max_len is None else tokens[..., -max_len:]  # (..., T)

@@ -66,6 +66,21 @@ def additive_mask(bias, mask, dtype):
     return bias if mask is None else bias.masked_fill(~mask, float("-inf"))
 
 
+def as_batch_of_matrices(a, batch):
+    """(..., T, d) broadcast to `batch` and flattened to (N, T, d), N the product of `batch`:
+    a view when `a` is contiguous and already has that batch, else one copy (split heads are views)."""
+    return a.expand(*batch, *a.shape[-2:]).reshape(math.prod(batch), *a.shape[-2:])  # (N, T, d)
+
+
+def scaled_scores(Q, K, batch):
+    """Q K^T / sqrt(d_k), shape (*batch, T_q, T_k), in one batched product that scales as it
+    multiplies: no pass over memory to scale Q, none over the scores to scale them."""
+    Q3, K3 = as_batch_of_matrices(Q, batch), as_batch_of_matrices(K, batch)  # (N, T_q, d_k), (N, T_k, d_k)
+    scale = 1 / math.sqrt(Q.shape[-1])
+    scores = torch.baddbmm(Q3.new_zeros(()), Q3, K3.transpose(-2, -1), beta=0, alpha=scale)  # (N, T_q, T_k)
+    return scores.view(*batch, Q.shape[-2], K.shape[-2])  # (..., T_q, T_k)
+
+
 def scaled_dot_product_attention(Q, K, V, mask=None, dropout=0.0, *, bias=None):
     """The explicit form: softmax(Q K^T / sqrt(d_k) + bias) V, returning (out, weights).
 
@@ -80,8 +95,8 @@ def scaled_dot_product_attention(Q, K, V, mask=None, dropout=0.0, *, bias=None):
         check_bias_tensor(bias, (*batch, Q.shape[-2], K.shape[-2]), like=Q)
     dtype = Q.dtype
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype  # half: computed in float32
-    Q, K, V = (a.to(work).contiguous() for a in (Q, K, V))  # split heads are views: copy once, here
-    scores = (Q / math.sqrt(Q.shape[-1])) @ K.transpose(-2, -1)  # (..., T_q, T_k); scaling Q is cheaper
+    Q, K, V = (a.to(work) for a in (Q, K, V))
+    scores = scaled_scores(Q, K, batch)  # (..., T_q, T_k)
     if bias is not None:
         scores = scores + bias.to(work)  # (..., T_q, T_k)
     weights = masked_softmax_(scores, mask) if can_overwrite(scores) else masked_softmax(scores, mask)
@@ -129,6 +144,13 @@ def with_causal(mask, T_q, T_k, device):
     """`mask` (or None) and query i attends to keys 0..i, as `is_causal=True` in PyTorch."""
     causal = torch.ones(T_q, T_k, dtype=torch.bool, device=device).tril()  # (T_q, T_k)
     return causal if mask is None else mask & causal
+
+
+def is_watched(*tensors):
+    """Whether autograd would record an operation on these tensors, or a torch.func transform
+    or forward-mode AD looks at one of them: then no operation may write into a given `out`."""
+    grad = torch.is_grad_enabled()
+    return any((grad and t.requires_grad) or under_transform(t) for t in tensors)
 
 
 def linear_weight(layer):
@@ -262,11 +284,13 @@ class MultiHeadAttention(nn.Module):
             mask = at_least_2d(mask)  # (1, 1) or (1, T_k) for a 0-D or 1-D mask
         if bias is not None:
             check_bias_tensor(bias, (*batch, self.n_heads, x.shape[-2], source.shape[-2]), like=x)
-        q = split_heads(self.W_q(x), self.n_heads)  # (..., h, T_q, d_head)
-        k = split_heads(self.W_k(source), self.n_heads)  # (..., h, T_k, d_head)
-        v = split_heads(self.W_v(source), self.n_heads)  # (..., h, T_k, d_head)
+        # weights asked for, or a torch.func transform or forward AD watching (the fused kernels
+        # have no forward AD): the explicit form
+        explicit = return_weights or any(map(under_transform, (x, source, *self.parameters())))
+        q = self.heads(self.W_q, x, copy=explicit)  # (..., h, T_q, d_head)
+        k = self.heads(self.W_k, source, copy=explicit)  # (..., h, T_k, d_head)
+        v = self.heads(self.W_v, source, copy=explicit)  # (..., h, T_k, d_head)
         dropout = self.dropout if self.training else 0.0
-        explicit = return_weights or any(map(under_transform, (q, k, v)))  # fused kernels: no forward AD
         if causal and (explicit or mask is not None or bias is not None):  # these need the mask itself
             mask = with_causal(mask, q.shape[-2], k.shape[-2], x.device)
             causal = False
@@ -277,6 +301,17 @@ class MultiHeadAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=causal)
         out = self.W_o(merge_heads(out))  # (..., T_q, d_model)
         return (out, weights) if return_weights else out
+
+    def heads(self, layer, x, copy=False):
+        """layer(x) split into heads, (..., h, T, d_head): a view, or with `copy` a contiguous
+        tensor, which the explicit form needs. Where no autograd or transform watches, the copy
+        adds the bias as it goes: on a CPU, nn.Linear writes its bias into the output before the
+        product, a pass over memory that this saves (as nn.MultiheadAttention's fast path does)."""
+        if not copy or layer.bias is None or is_watched(x, layer.weight, layer.bias):
+            return split_heads(layer(x), self.n_heads)  # the explicit form copies it
+        heads = split_heads(F.linear(x, layer.weight), self.n_heads)  # (..., h, T, d_head), a view
+        bias = layer.bias.view(self.n_heads, 1, -1)  # (h, 1, d_head)
+        return torch.add(heads, bias, out=heads.new_empty(heads.shape))  # (..., h, T, d_head), contiguous
 
     @classmethod
     def from_torch(cls, m):

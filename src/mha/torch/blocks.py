@@ -102,6 +102,10 @@ class EncoderBlock(nn.Module):
 
     Post-norm (norm_first=False): x = LN_1(x + MHA(x)); x = LN_2(x + FF(x)).
     Pre-norm (norm_first=True):   x = x + MHA(LN_1(x)); x = x + FF(LN_2(x)).
+    forward(x, mask=None, return_weights=False, *, causal=False): causal=True lets query t
+    attend to keys 0..t only, on top of `mask` (as nn.TransformerEncoderLayer's is_causal with
+    a causal mask, or DecoderBlock's causal); without a mask, PyTorch's fused kernel skips the
+    blocked half of the scores.
     """
 
     def __init__(self, d_model, n_heads, d_ff, *, dropout=0.0, norm_first=False, eps=1e-5,
@@ -115,19 +119,22 @@ class EncoderBlock(nn.Module):
         self.norm_2 = nn.LayerNorm(d_model, eps=eps, **options)
         self.dropout_attention = Dropout(dropout)
 
-    def attend(self, x, mask, return_weights):
-        out = self.attention(x, mask=mask, return_weights=return_weights)
+    def attend(self, x, mask, return_weights, causal):
+        out = self.attention(x, mask=mask, return_weights=return_weights, causal=causal)
         out, weights = out if return_weights else (out, None)
         return self.dropout_attention(out), weights
 
-    def forward(self, x, mask=None, return_weights=False):
+    def forward(self, x, mask=None, return_weights=False, *, causal=False):
+        """x: (..., T, d); mask: True = may attend, broadcasting to (..., h, T, T). Returns
+        (..., T, d), and with return_weights=True also the weights (..., h, T, T)."""
         check_input(self, "x", x, self.d_model)
+        validate.check_causal(causal)
         if self.norm_first:
-            attended, weights = self.attend(self.norm_1(x), mask, return_weights)
+            attended, weights = self.attend(self.norm_1(x), mask, return_weights, causal)
             x = x + attended
             x = x + self.feed_forward(self.norm_2(x))
         else:
-            attended, weights = self.attend(x, mask, return_weights)
+            attended, weights = self.attend(x, mask, return_weights, causal)
             x = self.norm_1(x + attended)
             x = self.norm_2(x + self.feed_forward(x))
         return (x, weights) if return_weights else x
@@ -182,10 +189,13 @@ class Encoder(BlockStack):
             EncoderBlock(d_model, n_heads, d_ff, **options) for _ in range(n_layers)
         )
 
-    def forward(self, x, mask=None, return_weights=False):
+    def forward(self, x, mask=None, return_weights=False, *, causal=False):
+        """Every block with the same `mask` and `causal`; with return_weights=True also a list
+        of each block's weights (..., h, T, T)."""
         all_weights = []
         for layer in self.layers:
-            x, weights = layer(x, mask=mask, return_weights=True) if return_weights else (layer(x, mask), None)
+            out = layer(x, mask=mask, return_weights=return_weights, causal=causal)
+            x, weights = out if return_weights else (out, None)
             all_weights.append(weights)
         return (x, all_weights) if return_weights else x
 

@@ -15,17 +15,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from mha import validate
-from mha.torch.attention import causal_mask, linear_bias, linear_weight
+from mha.torch.attention import linear_bias, linear_weight
 from mha.torch.blocks import EncoderBlock
 from mha.torch.positions import LearnedPositions
 from mha.torch.tensors import check_is_tensor
 
 
-def check_ids(name, ids, vocab_size):
-    """Token ids: an integer tensor, each id in 0 .. vocab_size - 1 (vocab_size=None: any id >= 0)."""
+def check_id_dtype(name, ids):
+    """Token ids must be an integer tensor (not booleans); their values are not read."""
     check_is_tensor(name, ids)
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(f"{name} must be integer token ids, got dtype {ids.dtype}")
+
+
+def check_ids(name, ids, vocab_size):
+    """Token ids: an integer tensor, each id in 0 .. vocab_size - 1 (vocab_size=None: any id >= 0)."""
+    check_id_dtype(name, ids)
     if ids.numel() and not ids.is_meta:  # a meta tensor has no values to read
         low, high = int(ids.min()), int(ids.max())
         if low < 0:
@@ -39,6 +44,14 @@ def check_tokens(tokens, vocab_size, max_len=None, name="tokens"):
     check_ids(name, tokens, vocab_size)
     validate.check_ndim(name, tokens, 1)
     validate.check_sequence_length(name, tokens.shape, max_len)
+
+
+def check_prompt(prompt):
+    """A prompt to continue: integer ids of shape (..., T_0), T_0 >= 1. Its ids are not read
+    here: the model reads them, and checks them against its vocabulary, once."""
+    check_id_dtype("prompt", prompt)
+    validate.check_ndim("prompt", prompt, 1)
+    validate.check_sequence_length("prompt", prompt.shape)
 
 
 class DecoderOnlyTransformer(nn.Module):
@@ -69,13 +82,13 @@ class DecoderOnlyTransformer(nn.Module):
         attention weights of every block, (n_layers, ..., h, T, T)."""
         check_tokens(tokens, self.vocab_size, self.positions.max_len)
         x = self.positions(self.embedding(tokens))  # (..., T, d_model)
-        allowed = causal_mask(tokens.shape[-1], device=tokens.device)  # (T, T)
         if head_mask is not None:
             check_head_mask(head_mask, len(self.blocks), self.n_heads, tokens)
         all_weights = []
         for i, block in enumerate(self.blocks):
-            mask = allowed if head_mask is None else allowed & head_mask[i][:, None, None]  # (h, T, T)
-            x, weights = block(x, mask, return_weights=True) if return_weights else (block(x, mask), None)
+            mask = None if head_mask is None else head_mask[i][:, None, None]  # (h, 1, 1): False = head off
+            out = block(x, mask, return_weights=return_weights, causal=True)  # causal self-attention
+            x, weights = out if return_weights else (out, None)
             all_weights.append(weights)  # (..., h, T, T)
         logits = self.output(self.norm(x))  # (..., T, V)
         return (logits, torch.stack(all_weights)) if return_weights else logits
@@ -152,7 +165,7 @@ def warmup_schedule(optimizer, warmup_steps):
 def generate_greedy(logits_fn, prompt, n_new, *, max_len=None):
     """Continue `prompt` (..., T_0) by `n_new` tokens, each the argmax of logits_fn's last position;
     the model sees at most the last `max_len` tokens. Returns (..., T_0 + n_new)."""
-    check_tokens(prompt, None, name="prompt")
+    check_prompt(prompt)  # its form; logits_fn judges its ids
     n_new = validate.check_int("n_new", n_new, minimum=0)
     tokens = prompt
     for _ in range(n_new):

@@ -202,3 +202,22 @@ def test_modules_are_made_on_the_requested_device(device):
             if device != "meta":
                 assert_matches_cpu(out, on_device(module, "cpu")(*[a.cpu() for a in args]), device, name)
         assert out.device.type == device and out.shape[:-1] == args[0].shape[:-1], name
+
+
+@pytest.mark.parametrize("shape", [(5, 16), (2, 5, 16), (2, 3, 5, 16)])
+def test_the_packed_self_attention_path_equals_three_separate_projections(shape, monkeypatch):
+    """With the weights asked for and no autograd, self-attention projects with W_Q, W_K, W_V side
+    by side in one product; it must give what three separate projections give."""
+    torch.manual_seed(0)
+    layer = mt.MultiHeadAttention(16, 4, dtype=torch.float64).eval()
+    x, mask = torch.randn(*shape, dtype=torch.float64), torch.rand(5, 5) > 0.3
+    calls = []
+    packed_heads = layer.packed_heads
+    monkeypatch.setattr(layer, "packed_heads", lambda x: calls.append(x.shape) or packed_heads(x))
+    with torch.no_grad():
+        packed = layer(x, mask=mask, return_weights=True)
+        monkeypatch.setattr(layer, "can_pack", lambda x: False)
+        separate = layer(x, mask=mask, return_weights=True)
+    assert calls == [x.shape]
+    for a, b in zip(packed, separate):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)

@@ -1,5 +1,5 @@
-"""The browser side of tests/test_site.py: open a page of the built site in chromium,
-answer its requests for MathJax from the local copy, and gather what a reader sees.
+"""The browser side of tests/test_site.py: open a page of the built site in chromium with every
+request outside 127.0.0.1 refused, gather what a reader sees, and run axe-core on it.
 """
 
 import functools
@@ -20,6 +20,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 MATHJAX = ROOT / ".cache" / "mathjax" / "node_modules" / "mathjax"
 MATHJAX_CDN = re.compile(r"^https://cdn\.jsdelivr\.net/npm/mathjax@3[^/]*/(?P<path>[^?#]+)")
+AXE = ROOT / ".cache" / "axe" / "node_modules" / "axe-core" / "axe.min.js"  # `make browser` installs it
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 375, "height": 740}
@@ -63,11 +64,11 @@ def serve(folder):
 class Visit:
     """One page opened in a fresh browser context, with everything that went wrong recorded.
 
-    Requests outside the site are refused and recorded in `external`, except MathJax's CDN,
-    which is answered from the local npm copy unless `offline` (a site that must work alone)."""
+    Requests outside the site are refused and recorded in `external`: the site must work alone,
+    MathJax included. Only with offline=False is MathJax's CDN answered from the local npm copy."""
 
-    def __init__(self, browser, base, page, viewport=DESKTOP, color_scheme="light", offline=False):
-        self.offline = offline
+    def __init__(self, browser, base, page, viewport=DESKTOP, color_scheme="light", offline=True):
+        self.offline, self.base = offline, base
         self.errors, self.external, self.failed = [], [], []
         self.context = browser.new_context(viewport=viewport, color_scheme=color_scheme)
         # Generous: under `pytest -n 2` the other worker keeps both cores busy, and a long
@@ -79,7 +80,32 @@ class Visit:
         self.page.on("console", lambda msg: msg.type == "error" and self.errors.append(f"console: {msg.text}"))
         self.page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.status} {r.url}"))
         # What was still loading when the wait for network idle gave up (not an error in itself).
-        self.unsettled = make_pdf.open_page(self.page, f"{base}/{page}")
+        self.unsettled = self.open(f"{base}/{page}")
+
+    def open(self, url):
+        """make_pdf.open_page, except that MathJax is awaited only where it is served.
+
+        A page that asks for MathJax outside the site had that request refused (unless
+        offline=False answers MathJax's CDN): waiting for MathJax there would only time out,
+        while the page's raw formulas and `external` say what went wrong."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+        in_flight = set()
+        self.page.on("request", lambda request: in_flight.add(request.url))
+        self.page.on("requestfinished", lambda request: in_flight.discard(request.url))
+        self.page.on("requestfailed", lambda request: in_flight.discard(request.url))
+        self.page.goto(url, wait_until="load")
+        try:
+            self.page.wait_for_load_state("networkidle", timeout=30_000)
+            unsettled = []
+        except PlaywrightTimeout:
+            unsettled = sorted(in_flight)
+        mathjax = self.page.evaluate("() => [...document.scripts].map(s => s.src).filter(s => s.includes('tex-mml'))")
+        if any(src.startswith(self.base) or (not self.offline and MATHJAX_CDN.match(src)) for src in mathjax):
+            self.page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+            self.page.evaluate("() => MathJax.startup.promise")
+        self.page.evaluate("""() => Promise.all([...document.images].map(img => img.complete ? null :
+            new Promise(done => { img.addEventListener('load', done); img.addEventListener('error', done); })))""")
+        return unsettled
 
     def route(self, base, route):
         url = route.request.url
@@ -112,6 +138,8 @@ DESKTOP_FACTS = """() => {
         article: article.innerText,
         math: maths.length,
         untypeset: maths.filter(m => !m.querySelector('mjx-container')).map(m => m.textContent.slice(0, 80)),
+        mathjax_outside: [...document.scripts].map(s => s.src)
+            .filter(src => /mathjax/i.test(src) && !src.startsWith(location.origin)),
         math_errors: [...document.querySelectorAll('mjx-merror')].map(e => e.getAttribute('data-mjx-error') || e.textContent),
         images: [...document.images].map(img => ({src: img.getAttribute('src'), width: img.naturalWidth,
             alt: (img.getAttribute('alt') || '').trim(), in_article: article.contains(img),
@@ -145,19 +173,40 @@ PHONE_FACTS = """() => {
 }"""
 
 
+# axe-core's rules on the whole page. A node counts as the course's own when it lies in the article
+# (the chapter's text and outputs, the head viewer) or in the footer line that _config.yml writes.
+AXE_RUN = """async () => {
+    const own = [...document.querySelectorAll('article.bd-article, .mha-footer')];
+    const result = await axe.run(document, {resultTypes: ['violations'], elementRef: true});
+    return result.violations.map(v => ({rule: v.id, help: v.help, nodes: v.nodes.map(n => ({
+        own: own.some(o => n.element instanceof Node && o.contains(n.element)),
+        target: n.target.join(' '), html: n.html.slice(0, 160)}))}));
+}"""
+
+
+def axe_violations(visit):
+    """axe-core's violations on the page as it is now (None without axe-core): [{rule, help, nodes}]."""
+    if not AXE.is_file():
+        return None
+    if not visit.page.evaluate("() => !!window.axe"):
+        visit.page.add_script_tag(path=str(AXE))  # inline: no request leaves the page
+    return visit.page.evaluate(AXE_RUN)
+
+
 def is_chapter(page):
     return page.startswith("book/") and Path(page).stem in CHAPTERS
 
 
 def inspect(browser, base, page):
-    """What a reader gets on `page`: at desktop width in light mode, then in dark mode, then on a phone.
+    """What a reader gets on `page`: at desktop width in light mode, then in dark mode, then on a phone;
+    with axe-core's findings in light and dark mode.
 
     One load per page; dark mode and the phone width are applied to the loaded
     page (the theme follows the system's colour scheme; the layout is CSS).
     """
     visit = Visit(browser, base, page)
     try:
-        facts = {"desktop": visit.page.evaluate(DESKTOP_FACTS)}
+        facts = {"desktop": visit.page.evaluate(DESKTOP_FACTS), "axe": {"light": axe_violations(visit)}}
         if is_chapter(page):
             chapter = Path(page).stem
             SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -172,7 +221,8 @@ def inspect(browser, base, page):
                 visit.page.mouse.move(0, 0)
             if facts["desktop"]["download"]:
                 facts["download_body"] = visit.context.request.get(facts["desktop"]["download"][0]).body()
-            facts["dark"] = dark_mode_facts(visit, chapter)
+        facts["dark"] = dark_mode_facts(visit, Path(page).stem if is_chapter(page) else None)
+        facts["axe"]["dark"] = facts["dark"].pop("axe")
         visit.page.set_viewport_size(PHONE)
         visit.settle()
         facts["phone"] = visit.page.evaluate(PHONE_FACTS)
@@ -186,13 +236,13 @@ def inspect(browser, base, page):
 
 
 def dark_mode_facts(visit, chapter):
-    """Switch the system to dark mode; measure how each figure looks.
+    """Switch the system to dark mode; run axe-core; on a chapter, measure how each figure looks.
 
     A figure inside a collapsed block (an exercise's solution) is hidden in both
     modes: only the figures a reader sees in light mode are measured in dark mode.
     """
     figures = visit.page.locator("article figure img")
-    shown = [figures.nth(i).is_visible() for i in range(figures.count())]
+    shown = [chapter is not None and figures.nth(i).is_visible() for i in range(figures.count())]
     visit.page.emulate_media(color_scheme="dark")
     visit.page.wait_for_function("() => document.documentElement.dataset.theme === 'dark'", timeout=30_000)
     visit.settle()
@@ -206,9 +256,10 @@ def dark_mode_facts(visit, chapter):
         figures.first.scroll_into_view_if_needed()
         visit.page.screenshot(path=str(SCREENSHOTS / f"dark_{chapter}.png"))
     background = visit.page.evaluate("() => getComputedStyle(document.body).backgroundColor")
+    violations = axe_violations(visit)
     visit.page.emulate_media(color_scheme="light")
     visit.settle()
-    return {"figures": looks, "background": background}
+    return {"figures": looks, "background": background, "axe": violations}
 
 
 def luminance(png):

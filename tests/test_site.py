@@ -8,12 +8,18 @@ chapter's notebook; readable on a phone-width screen; figures still visible in
 dark mode. The search page must find "softmax". A screenshot of each chapter
 page is saved to _build/screenshots/ (look at them).
 
-The pages load MathJax 3 from a CDN, which the test machines cannot reach: the
-test answers those requests with the `mathjax@3` package from the npm registry,
-which `make test` installs into .cache/mathjax. Any other request that leaves
-127.0.0.1 is refused and reported. Without chromium, Playwright or that package
-the tests skip with the reason, unless the environment variable CI is set: then
-they fail.
+Every request that leaves 127.0.0.1 is refused and reported: the site must work
+alone, as on a student's laptop with no network. So it serves MathJax 3 itself
+(book/_ext/offline_site.py copies the `mathjax@3` npm package that `make test`
+installs into .cache/mathjax); a site that loads MathJax from a CDN fails
+test_every_formula_is_typeset, which says so.
+
+Accessibility: axe-core (npm, `make browser` installs it into .cache/axe) runs on
+every page in light and in dark mode; test_accessibility_of_the_course_s_own_content
+and test_accessibility_of_the_theme_within_its_baseline say how its findings are held.
+
+Without chromium, Playwright, MathJax or axe-core the tests skip with the reason,
+unless the environment variable CI is set: then they fail.
 """
 
 import json
@@ -23,13 +29,15 @@ import pytest
 import yaml
 
 from conftest import ROOT, toc_files
-from site_browser import CHAPTERS, Visit, chromium_browser, inspect, serve
-from viewer_browser import drive_viewer
+from site_browser import AXE, CHAPTERS, Visit, chromium_browser, inspect, missing, serve
+from viewer_browser import drive_keyboard, drive_viewer
 
 
 # The chapters that show mha.viewer's interactive head viewer in an output.
 VIEWER_CHAPTERS = [c for c in CHAPTERS if "data-mha-viewer" in (ROOT / "book" / f"{c}.ipynb").read_text()]
 PAGES = ["index.html", "search.html", "genindex.html"] + [f"{f}.html" for f in toc_files()]
+MODES = ["light", "dark"]
+AXE_BASELINE = ROOT / "tests" / "data" / "axe_baseline.json"  # {page: {mode: {rule: nodes}}}, the theme's only
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +93,7 @@ def test_page_loads_without_javascript_error(look, page):
     facts = look(page)
     assert not facts["errors"], f"{page}: JavaScript errors: {facts['errors']}"
     assert not facts["failed"], f"{page}: requests that failed: {facts['failed']}"
-    assert not facts["external"], f"{page}: requests leaving the site (other than MathJax): {facts['external']}"
+    assert not facts["external"], f"{page}: requests leaving the site: {facts['external']}"
     if page in [f"{f}.html" for f in toc_files()]:  # (the search page and the empty general index have little text)
         text = facts["desktop"]["article"]
         assert facts["desktop"]["title"] and len(text.split()) > 100, f"{page}: nearly empty"
@@ -93,7 +101,11 @@ def test_page_loads_without_javascript_error(look, page):
 
 @pytest.mark.parametrize("page", PAGES)
 def test_every_formula_is_typeset(look, page):
+    """With the network blocked: MathJax comes from the site itself, and typesets every formula."""
     facts = look(page)["desktop"]
+    assert not facts["mathjax_outside"], (
+        f"{page}: the page loads MathJax from outside the site, {facts['mathjax_outside']}, and the test refuses "
+        f"every request that leaves 127.0.0.1: the site must serve MathJax itself (book/_ext/offline_site.py)")
     assert not facts["untypeset"], f"{page}: formulas MathJax did not typeset: {facts['untypeset'][:5]}"
     assert not facts["math_errors"], f"{page}: TeX errors: {facts['math_errors'][:5]}"
     for raw in ("$", "\\(", "\\)", "\\[", "\\]", "\\frac", "\\mathrm"):
@@ -101,10 +113,11 @@ def test_every_formula_is_typeset(look, page):
         assert at < 0, f"{page}: raw TeX {raw!r} in the text: ...{facts['prose'][max(0, at - 60): at + 60]}..."
 
 
-def test_formulas_are_there_to_typeset(look):
-    """Guards the test above: the chapters have formulas, and MathJax rendered them."""
-    facts = look(f"book/{CHAPTERS[0]}.html")["desktop"]
-    assert facts["math"] > 10 and not facts["untypeset"]
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_formulas_are_there_to_typeset(look, chapter):
+    """Guards the test above: every chapter has formulas (80 or more today), and MathJax rendered them."""
+    facts = look(f"book/{chapter}.html")["desktop"]
+    assert facts["math"] >= 20 and not facts["untypeset"], f"{chapter}: {facts['math']} formulas"
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -166,16 +179,17 @@ def test_the_head_viewer_is_used_where_the_book_reads_heads():
 
 @pytest.mark.parametrize("chapter", VIEWER_CHAPTERS)
 def test_head_viewers_work_on_the_static_page_with_the_network_blocked(browser, server, chapter):
-    """Every viewer on the page: choose layers, click heads, point at tokens, and see the right
-    weights, with no kernel and every request outside the site refused."""
+    """Every viewer on the page: choose layers, click heads, point at tokens, then drive it with the
+    arrow keys, and see the right weights, with no kernel and every request outside the site refused."""
     visit = Visit(browser, server, f"book/{chapter}.html")
     try:
         roots = visit.page.locator("[data-mha-viewer]")
         assert roots.count() >= 1, f"{chapter}: no head viewer on the page"
         checked = [drive_viewer(visit.page, roots.nth(i)) for i in range(roots.count())]
+        pressed = [drive_keyboard(visit.page, roots.nth(i)) for i in range(roots.count())]
     finally:
         visit.close()
-    assert all(n >= 3 for n in checked), checked
+    assert all(n >= 3 for n in checked) and all(n >= 10 for n in pressed), (checked, pressed)
     assert not visit.errors and not visit.external, (visit.errors, visit.external)
 
 
@@ -204,3 +218,53 @@ def test_dark_mode_keeps_figures_visible(look, chapter):
         # The figures are drawn dark on white: they stay readable only on a light ground.
         assert mean > 120, f"{chapter}: figure {i + 1} is dark in dark mode (mean grey {mean:.0f}; page {dark['background']})"
         assert spread > 10, f"{chapter}: figure {i + 1} shows no contrast in dark mode (spread {spread:.0f})"
+
+
+def axe_findings(look, page, mode):
+    """axe-core's violations on `page` in `mode`, or a skip (a failure under CI) without axe-core."""
+    found = look(page)["axe"][mode]
+    if found is None:
+        missing(f"axe-core is not in {AXE.parent.relative_to(ROOT)} (npm install axe-core@4.14.1)")
+    return found
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("page", PAGES)
+def test_accessibility_of_the_course_s_own_content(look, page, mode):
+    """axe-core finds nothing in the course's own content, on every page, in light and dark mode.
+
+    The course's own content is what lies inside the article (`article.bd-article`: the text,
+    the code cells and their outputs, the figures, the head viewer) or in the footer line of
+    _config.yml. Everything else (the sidebars, the header bar, the search dialog) is the
+    theme's. The course's violations are never kept in a baseline: they are fixed."""
+    own = [(v["rule"], n["target"], n["html"]) for v in axe_findings(look, page, mode) for n in v["nodes"] if n["own"]]
+    assert not own, f"{page} ({mode} mode): axe-core finds in the course's content (rule, where, html): {own[:5]}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("page", PAGES)
+def test_accessibility_of_the_theme_within_its_baseline(look, page, mode):
+    """The theme's violations (outside the course's content) stay within tests/data/axe_baseline.json.
+
+    The baseline counts the nodes of each (page, mode, rule) that no template or CSS override in
+    book/_templates or book/_static could fix. A rule not in it, or more nodes than it counts,
+    fails; a page or mode missing from it has an empty baseline. Fewer nodes pass: lower the
+    count in the file, so that the fixed violation cannot come back unseen."""
+    theme = {}
+    for violation in axe_findings(look, page, mode):
+        nodes = [n["target"] for n in violation["nodes"] if not n["own"]]
+        if nodes:
+            theme[violation["rule"]] = nodes
+    allowed = json.loads(AXE_BASELINE.read_text()).get(page, {}).get(mode, {})
+    over = {rule: nodes for rule, nodes in theme.items() if len(nodes) > allowed.get(rule, 0)}
+    assert not over, (f"{page} ({mode} mode): the theme's violations beyond the baseline "
+                      f"{ {rule: allowed.get(rule, 0) for rule in over} } (rule: where): {over}")
+
+
+def test_the_accessibility_baseline_names_only_pages_and_modes_of_the_site():
+    baseline = json.loads(AXE_BASELINE.read_text())
+    unknown = set(baseline) - set(PAGES)
+    assert not unknown, f"pages in {AXE_BASELINE.name} that the site has not: {unknown}"
+    for page, modes in baseline.items():
+        assert set(modes) <= set(MODES), (page, modes)
+        assert all(isinstance(n, int) and n > 0 for rules in modes.values() for n in rules.values()), (page, modes)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from site_browser import chromium_browser
-from viewer_browser import drive_viewer
+from viewer_browser import drive_keyboard, drive_viewer
 
 import mha.torch as mt
 from mha.viewer import HeadViewer, head_viewer
@@ -97,8 +97,9 @@ def browser():
 
 def test_the_viewer_works_in_a_browser_with_the_network_blocked(browser):
     weights = random_weights((3, 4, 7, 7), seed=1)
-    page_html = "<!doctype html><html><body><p>Two viewers:</p>" + "".join(
-        head_viewer(TOKENS, weights[:n], title=f"viewer {n}").html for n in (3, 1)) + "</body></html>"
+    tall = '<div style="height: 2000px">a long page: an arrow key not caught by the viewer scrolls it</div>'
+    page_html = "<!doctype html><html><body><p>Two viewers:</p>" + tall + "".join(
+        head_viewer(TOKENS, weights[:n], title=f"viewer {n}").html + tall for n in (3, 1)) + "</body></html>"
     context = browser.new_context(viewport={"width": 1000, "height": 800})
     requests, errors = [], []
     context.route("**/*", lambda route: (requests.append(route.request.url), route.abort()))
@@ -109,7 +110,9 @@ def test_the_viewer_works_in_a_browser_with_the_network_blocked(browser):
         roots = page.locator("[data-mha-viewer]")
         assert roots.count() == 2
         checked = [drive_viewer(page, roots.nth(i)) for i in range(2)]
+        pressed = [drive_keyboard(page, roots.nth(i)) for i in range(2)]
     finally:
         context.close()
     assert checked == [3 * 3 * 3, 1 * 3 * 3], checked  # (layers) x (heads) x (queries) visited
+    assert pressed == [7 + 3 + 3 + 4 + 3] * 2, pressed  # queries last to first, heads down and up, 4 ends, 3 more
     assert not errors and not requests, (errors, requests)

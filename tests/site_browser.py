@@ -83,29 +83,13 @@ class Visit:
         self.unsettled = self.open(f"{base}/{page}")
 
     def open(self, url):
-        """make_pdf.open_page, except that MathJax is awaited only where it is served.
-
-        A page that asks for MathJax outside the site had that request refused (unless
-        offline=False answers MathJax's CDN): waiting for MathJax there would only time out,
+        """make_pdf.open_page, with MathJax awaited only where it is served: from the site, or
+        from its CDN answered locally (offline=False). A refused request would only time out,
         while the page's raw formulas and `external` say what went wrong."""
-        from playwright.sync_api import TimeoutError as PlaywrightTimeout
-        in_flight = set()
-        self.page.on("request", lambda request: in_flight.add(request.url))
-        self.page.on("requestfinished", lambda request: in_flight.discard(request.url))
-        self.page.on("requestfailed", lambda request: in_flight.discard(request.url))
-        self.page.goto(url, wait_until="load")
-        try:
-            self.page.wait_for_load_state("networkidle", timeout=30_000)
-            unsettled = []
-        except PlaywrightTimeout:
-            unsettled = sorted(in_flight)
-        mathjax = self.page.evaluate("() => [...document.scripts].map(s => s.src).filter(s => s.includes('tex-mml'))")
-        if any(src.startswith(self.base) or (not self.offline and MATHJAX_CDN.match(src)) for src in mathjax):
-            self.page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
-            self.page.evaluate("() => MathJax.startup.promise")
-        self.page.evaluate("""() => Promise.all([...document.images].map(img => img.complete ? null :
-            new Promise(done => { img.addEventListener('load', done); img.addEventListener('error', done); })))""")
-        return unsettled
+        def served(src):
+            return src.startswith(self.base) or bool(not self.offline and MATHJAX_CDN.match(src))
+
+        return make_pdf.open_page(self.page, url, mathjax_served=served)
 
     def route(self, base, route):
         url = route.request.url

@@ -79,13 +79,14 @@ def answer(base, route):
     return route.fulfill(path=str(path)) if path and path.is_file() else route.abort()
 
 
-def open_page(page, url, network_timeout_ms=30_000):
+def open_page(page, url, network_timeout_ms=30_000, mathjax_served=lambda src: True):
     """Go to `url`; wait until the page's formulas are typeset and its images decoded.
 
     Network idle is waited for at most `network_timeout_ms`: on a loaded machine a page
     was seen to never go idle (once in a PDF run, once in a browser test), so what a
-    reader needs is awaited directly: MathJax's startup, where the page loads it, and
-    every image. Returns the URLs still in flight when the wait for idle gave up."""
+    reader needs is awaited directly: MathJax's startup, where the page loads it from a
+    source that `mathjax_served(src)` says is answered (a refused one would only time
+    out), and every image. Returns the URLs still in flight when the wait for idle gave up."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     in_flight = set()
     page.on("request", lambda request: in_flight.add(request.url))
@@ -97,7 +98,8 @@ def open_page(page, url, network_timeout_ms=30_000):
         unsettled = []
     except PlaywrightTimeout:
         unsettled = sorted(in_flight)
-    if page.evaluate("() => !!document.querySelector('script[src*=\"tex-mml\"]')"):
+    sources = page.evaluate("() => [...document.scripts].map(s => s.src).filter(s => s.includes('tex-mml'))")
+    if any(mathjax_served(src) for src in sources):
         page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
         page.evaluate("() => MathJax.startup.promise")
     page.evaluate("""() => Promise.all([...document.images].map(img => img.complete ? null :

@@ -28,7 +28,7 @@ NUMPY_NAMES = [
     "attend_with_cache", "causal_mask_after",
     "sinusoidal_positions", "sinusoidal_shift", "add_positions", "alibi_slopes", "alibi_bias",
     "decoder_only_transformer", "log_softmax", "cross_entropy", "causal_lm_loss", "warmup_factor", "generate_greedy",
-    "rms_norm", "gated_feed_forward", "swiglu", "geglu",
+    "rms_norm", "gated_feed_forward", "swiglu", "geglu", "soft_cap",
 ]
 TORCH_NAMES = [
     "scaled_dot_product_attention", "chunked_attention", "split_heads", "merge_heads", "causal_mask",
@@ -38,7 +38,7 @@ TORCH_NAMES = [
     "attend_with_cache", "causal_mask_after",
     "sinusoidal_positions", "add_positions", "alibi_slopes", "alibi_bias", "LearnedPositions", "SinusoidalPositions",
     "DecoderOnlyTransformer", "cross_entropy", "causal_lm_loss", "warmup_factor", "warmup_schedule", "generate_greedy",
-    "default_device", "synchronize", "RMSNorm", "GatedFeedForward", "SwiGLU", "GeGLU",
+    "default_device", "synchronize", "RMSNorm", "GatedFeedForward", "SwiGLU", "GeGLU", "soft_cap",
 ]
 
 

@@ -166,3 +166,36 @@ def test_a_gelu_mlp_with_exact_gelu_is_refused_not_copied_as_tanh():
         mt.GatedFeedForward.from_hf(theirs)
     with pytest.raises(ValueError, match="uses gelu_tanh, but SwiGLU uses silu"):
         mt.SwiGLU.from_hf(GemmaMLP(gemma_config()))
+
+
+# Soft-capping -----------------------------------------------------------------------------------
+
+def test_soft_cap_equals_gemma2s_final_logit_capping_and_stays_inside_the_cap():
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=8, final_logit_softcapping=3.0)
+    model = drawn(Gemma2ForCausalLM(config), std=0.6).eval()
+    tokens = torch.arange(12)[None] % 50
+    with torch.no_grad():
+        capped = model(tokens).logits  # (1, T, vocab), capped by Gemma 2
+        model.config.final_logit_softcapping = None
+        raw = model(tokens).logits
+    assert raw.abs().max() > 6.0  # far beyond the cap: the test would see a wrong formula
+    assert torch.equal(mt.soft_cap(raw, 3.0), capped)
+    assert capped.abs().max() < 3.0
+    np.testing.assert_allclose(mnp.soft_cap(raw.double().numpy(), 3.0), mt.soft_cap(raw.double(), 3.0).numpy(),
+                               rtol=1e-15, atol=1e-15)
+
+
+def test_soft_cap_is_about_the_identity_far_below_the_cap():
+    x = np.linspace(-0.5, 0.5, 11)
+    np.testing.assert_allclose(mnp.soft_cap(x, 50.0), x, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cap", [0, -1.0, True, "30"])
+def test_a_cap_that_is_not_positive_is_refused(cap):
+    with pytest.raises(ValueError, match="cap must be a number > 0"):
+        mt.soft_cap(torch.ones(3), cap)
+    with pytest.raises(ValueError, match="cap must be a number > 0"):
+        mnp.soft_cap(np.ones(3), cap)

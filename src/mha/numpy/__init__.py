@@ -36,7 +36,7 @@ from mha.numpy.grouped import attend_with_cache, causal_mask_after, grouped_quer
 from mha.numpy.model import (
     causal_lm_loss, cross_entropy, decoder_only_transformer, generate_greedy, log_softmax, warmup_factor,
 )
-from mha.numpy.parts import gated_feed_forward, geglu, rms_norm, silu, swiglu
+from mha.numpy.parts import gated_feed_forward, geglu, rms_norm, silu, soft_cap, swiglu
 from mha.numpy.rotary import apply_rotary, rotary_embedding, rotate_half
 from mha.numpy.positions import (
     add_positions, alibi_bias, alibi_slopes, sinusoidal_frequencies, sinusoidal_positions, sinusoidal_shift,
@@ -63,5 +63,5 @@ __all__ = [
     # model (chapter 11)
     "decoder_only_transformer", "log_softmax", "cross_entropy", "causal_lm_loss", "warmup_factor", "generate_greedy",
     # parts of today's models (chapter 13)
-    "rms_norm", "silu", "gated_feed_forward", "swiglu", "geglu",
+    "rms_norm", "silu", "gated_feed_forward", "swiglu", "geglu", "soft_cap",
 ]

@@ -6,10 +6,14 @@
 - `gated_feed_forward`: act(X W_gate) * (X W_up), then W_down (Shazeer, 2020):
   `swiglu` with SiLU (Llama, Mistral, Qwen, OLMo), `geglu` with GELU's tanh
   approximation (Gemma).
+- `soft_cap`: cap * tanh(x / cap), which keeps scores or logits inside (-cap, cap)
+  smoothly (Gemma 2's attention scores and final logits).
 
 They follow the library's conventions: row vectors (..., d), X @ W with W of shape
 (d_in, d_out). Import them from `mha.numpy`.
 """
+
+import numbers
 
 import numpy as np
 
@@ -70,3 +74,14 @@ def swiglu(X, W_gate, W_up, W_down):
 def geglu(X, W_gate, W_up, W_down):
     """GeGLU with GELU's tanh approximation, Gemma's feed-forward."""
     return gated_feed_forward(X, W_gate, W_up, W_down, activation="gelu_tanh")
+
+
+def soft_cap(x, cap):
+    """cap * tanh(x / cap): about x while |x| is small against cap, never beyond +-cap.
+
+    x: any array; cap: a number > 0. Computed as (x / cap), tanh, times cap, in that order,
+    as Gemma 2 does."""
+    x = as_float_array("x", x)
+    if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not cap > 0:
+        raise ValueError(f"cap must be a number > 0, got {cap!r}")
+    return np.tanh(x / cap) * cap

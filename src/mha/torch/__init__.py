@@ -35,7 +35,7 @@ from mha.torch.grouped import GroupedQueryAttention, attend_with_cache, causal_m
 from mha.torch.model import (
     DecoderOnlyTransformer, causal_lm_loss, cross_entropy, generate_greedy, warmup_factor, warmup_schedule,
 )
-from mha.torch.parts import GatedFeedForward, GeGLU, RMSNorm, SwiGLU
+from mha.torch.parts import GatedFeedForward, GeGLU, RMSNorm, SwiGLU, soft_cap
 from mha.torch.rotary import apply_rotary, rotary_embedding, rotate_half
 from mha.torch.positions import (
     LearnedPositions, SinusoidalPositions, add_positions, alibi_bias, alibi_slopes, sinusoidal_positions,
@@ -60,5 +60,5 @@ __all__ = [
     # where the chapters that show speed or memory compute
     "default_device", "synchronize",
     # parts of today's models (chapter 13)
-    "RMSNorm", "GatedFeedForward", "SwiGLU", "GeGLU",
+    "RMSNorm", "GatedFeedForward", "SwiGLU", "GeGLU", "soft_cap",
 ]

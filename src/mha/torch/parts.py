@@ -6,6 +6,8 @@
   `SwiGLU` (SiLU, equal to Llama's LlamaMLP) and `GeGLU` (GELU's tanh approximation,
   equal to Gemma's GemmaMLP) are it with the activation fixed.
 
+- `soft_cap`: cap * tanh(x / cap) (Gemma 2's scores and final logits).
+
 The same names and numbers as `mha.numpy.parts` (`rms_norm`, `gated_feed_forward`),
 fed by each module's `numpy_params()`.
 """
@@ -16,7 +18,7 @@ from torch import nn
 
 from mha import validate
 from mha.torch.attention import linear_weight
-from mha.torch.tensors import check_input
+from mha.torch.tensors import check_input, check_is_tensor
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -142,3 +144,14 @@ class GeGLU(GatedFeedForward):
 
     def __init__(self, d_model, d_ff, *, device=None, dtype=None):
         super().__init__(d_model, d_ff, activation="gelu_tanh", device=device, dtype=dtype)
+
+
+def soft_cap(x, cap):
+    """cap * tanh(x / cap), computed in that order as Gemma 2 does: about x while |x| is small
+    against cap, never beyond +-cap. x: a floating tensor of any shape; cap: a number > 0."""
+    check_is_tensor("x", x)
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
+        raise ValueError(f"cap must be a number > 0, got {cap!r}")
+    return (x / cap).tanh() * cap

@@ -31,7 +31,7 @@ def rms_norm(X, weight, eps=1e-6, *, unit_offset=False):
     X, weight = as_float_array("X", X), as_float_array("weight", weight)
     validate.check_ndim("X", X, 1)
     validate.check_vector("weight", weight, X.shape[-1])
-    if not np.isscalar(eps) or not eps >= 0:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
         raise ValueError(f"eps must be a number >= 0, got {eps!r}")
     work = np.float64 if X.dtype == np.float64 else np.float32
     x = X.astype(work, copy=False)

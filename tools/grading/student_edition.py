@@ -1,6 +1,6 @@
 """The student edition of `mha`: the only library a worker can import.
 
-It holds `mha.numpy` and `mha.validate` as shipped, except that every function that
+It holds `mha.numpy` and the modules it imports (`mha.validate`, `mha.rope_scaling`) as shipped, except that every function that
 the exercise under grading replaces, or that computes the same result (the check's
 `absent()`), is switched off: its body is gone and a call raises "this is the
 exercise". `mha.checks` is there too, so that a notebook's `from mha.checks import
@@ -16,7 +16,7 @@ from pathlib import Path
 import mha.checks
 
 SOURCE = Path(mha.checks.__file__).resolve().parent.parent  # src/mha
-COPIED = ["__init__.py", "validate.py", "numpy"]
+COPIED = ["__init__.py", "validate.py", "rope_scaling.py", "numpy"]  # what mha.numpy imports
 SWITCHED_OFF = ('raise RuntimeError("mha.numpy.{name} is switched off while this exercise is graded: '
                 'it is the exercise, or does its work. Write it yourself.")')
 CHECKS_STUB = '''"""The exercises' checks, as a graded worker sees them: the grader runs the real ones."""
@@ -75,7 +75,7 @@ def switched_off(tree, absent):
 
 
 def copy_library(target, absent, packages=()):
-    """mha/__init__.py, mha/validate.py and mha/numpy/ into `target`/mha, the `absent` names switched off
+    """mha/__init__.py, mha/validate.py, mha/rope_scaling.py and mha/numpy/ into `target`/mha, the `absent` names switched off
     (and scipy's erf replaced, unless `packages` holds scipy)."""
     destination = target / "mha"
     for name in COPIED:

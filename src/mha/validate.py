@@ -30,6 +30,20 @@ def check_base(base):
     return float(base)
 
 
+def check_eps(eps):
+    """A norm's eps: a real number >= 0 (not a bool, not a string). Returns it as a float."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
+        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def check_cap(cap):
+    """A soft cap: a real number > 0. Returns it."""
+    if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not cap > 0:
+        raise ValueError(f"cap must be a number > 0, got {cap!r}")
+    return cap
+
+
 def check_even_model_width(d_model):
     """Sines and cosines come in pairs, so d_model must be even."""
     d_model = check_int("d_model", d_model)

@@ -13,8 +13,6 @@ They follow the library's conventions: row vectors (..., d), X @ W with W of sha
 (d_in, d_out). Import them from `mha.numpy`.
 """
 
-import numbers
-
 import numpy as np
 
 from mha import validate
@@ -31,8 +29,7 @@ def rms_norm(X, weight, eps=1e-6, *, unit_offset=False):
     X, weight = as_float_array("X", X), as_float_array("weight", weight)
     validate.check_ndim("X", X, 1)
     validate.check_vector("weight", weight, X.shape[-1])
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
-        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    eps = validate.check_eps(eps)
     work = np.float64 if X.dtype == np.float64 else np.float32
     x = X.astype(work, copy=False)
     normed = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)  # (..., d)
@@ -82,6 +79,5 @@ def soft_cap(x, cap):
     x: any array; cap: a number > 0. Computed as (x / cap), tanh, times cap, in that order,
     as Gemma 2 does."""
     x = as_float_array("x", x)
-    if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not cap > 0:
-        raise ValueError(f"cap must be a number > 0, got {cap!r}")
+    cap = validate.check_cap(cap)
     return np.tanh(x / cap) * cap

@@ -18,6 +18,7 @@ from torch import nn
 
 from mha import validate
 from mha.torch.attention import linear_weight
+from mha.torch.blocks import ACTIVATIONS
 from mha.torch.tensors import check_input, check_is_tensor
 
 HALF = (torch.float16, torch.bfloat16)
@@ -35,11 +36,9 @@ class RMSNorm(nn.Module):
     def __init__(self, d_model, eps=1e-6, *, unit_offset=False, device=None, dtype=None):
         super().__init__()
         validate.check_int("d_model", d_model)
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-            raise ValueError(f"eps must be a number >= 0, got {eps!r}")
         if not isinstance(unit_offset, bool):
             raise TypeError(f"unit_offset must be True or False, got {unit_offset!r}")
-        self.eps, self.unit_offset = float(eps), unit_offset
+        self.eps, self.unit_offset = validate.check_eps(eps), unit_offset
         start = torch.zeros if unit_offset else torch.ones
         self.weight = nn.Parameter(start(d_model, device=device, dtype=dtype))
 
@@ -59,7 +58,7 @@ class RMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}, unit_offset={self.unit_offset}"
 
 
-GATES = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+GATES = {"silu": F.silu, "gelu_tanh": ACTIVATIONS["gelu_tanh"]}
 
 
 class GatedFeedForward(nn.Module):
@@ -152,6 +151,5 @@ def soft_cap(x, cap):
     check_is_tensor("x", x)
     if not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
-    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
-        raise ValueError(f"cap must be a number > 0, got {cap!r}")
+    cap = validate.check_cap(cap)
     return (x / cap).tanh() * cap

@@ -118,21 +118,22 @@ def test_from_llama_copies_biases_on_q_k_v_only_as_qwen_has_them():
 
 def test_from_llama_refuses_what_it_cannot_copy():
     attention, _ = llama_layer(2, theta=500000.0)
-    with pytest.raises(ValueError, match="rope_theta=500000.0 but rope_base=10000.0: pass rope_base=500000.0"):
+    with pytest.raises(ValueError, match="rope_theta=500000.0 for this layer but rope_base=10000.0: pass "
+                                         "rope_base=500000.0"):
         mt.GroupedQueryAttention.from_llama(attention)
     with pytest.raises(TypeError, match="expected a transformers LlamaAttention"):
         mt.GroupedQueryAttention.from_llama(torch.nn.Linear(3, 3))
-    attention.config.rope_parameters = {"rope_type": "llama3", "rope_theta": 10000.0}
-    with pytest.raises(ValueError, match="RoPE of type 'llama3'"):
+    attention.config.rope_parameters = {"rope_type": "llama3", "rope_theta": 10000.0}  # its keys missing
+    with pytest.raises(ValueError, match=re.escape("RoPE scaling 'llama3' needs ['factor', 'low_freq_factor'")):
         mt.GroupedQueryAttention.from_llama(attention)
 
 
 @pytest.mark.parametrize("theta,scaling,error", [
     (10000.0, None, None),
-    (500000.0, None, "rope_theta=500000.0 but rope_base=10000.0"),
-    (10000.0, {"type": "linear", "factor": 2.0}, "RoPE of type 'linear'"),
-    (10000.0, {"rope_type": "llama3", "factor": 8.0}, "RoPE of type 'llama3'"),
-], ids=["default", "other theta", "old-style scaling", "llama3 scaling"])
+    (500000.0, None, "rope_theta=500000.0 for this layer but rope_base=10000.0"),
+    (10000.0, {"rope_type": "llama3", "factor": 8.0}, "missing: ['low_freq_factor', 'high_freq_factor', "
+                                                      "'original_max_position_embeddings']"),
+], ids=["default", "other theta", "llama3 scaling without its keys"])
 def test_from_llama_reads_a_transformers_4_config(theta, scaling, error):
     """transformers 4 keeps the base in config.rope_theta and the scaling in config.rope_scaling,
     with no config.rope_parameters: from_llama reads those instead."""

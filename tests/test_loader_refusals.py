@@ -1,6 +1,7 @@
 """`GroupedQueryAttention.from_llama` on Hugging Face's decoder families: equal to the layer it
-copies (Llama, Mistral, Qwen2, Gemma 1), or a ValueError naming what it cannot compute (Qwen3,
-OLMo2, Gemma 2, Gemma 3, a RoPE other than the default kind), never a silently different answer.
+copies (Llama, Mistral, Qwen2, Qwen3, Gemma 1, 2 and 3, OLMo 1 and 2, each RoPE scaling), or a
+ValueError naming what it cannot compute (clip_qkv, sinks, a partial RoPE, another RoPE type),
+never a silently different answer.
 
 Tiny random configs, nothing downloaded; weights drawn with std 0.3 (outputs of about 10) so a
 missing feature shows. The transformers 4.56 layouts (rope_theta, rope_scaling, Gemma 3's
@@ -16,7 +17,7 @@ import torch
 import transformers
 
 import mha.torch as mt
-from mha.torch import grouped
+from mha.torch import grouped, hf_config
 
 TINY = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
             num_hidden_layers=2, vocab_size=32)
@@ -67,9 +68,16 @@ def hf_forward(attention, rotary, x, start=0, cache=None):
     position_ids = torch.arange(start, start + T_new)[None].expand(B, T_new)
     per_layer_type = "layer_type" in inspect.signature(rotary.forward).parameters  # Gemma 3: one RoPE per type
     cos_sin = rotary(x, position_ids, attention.layer_type) if per_layer_type else rotary(x, position_ids)
-    causal = torch.full((T_new, start + T_new), float("-inf")).triu(start + 1)[None, None]  # (1, 1, T, T_k)
+    window = grouped.attention_options(attention, None)["sliding_window"]
+    held = start if window is None or cache is None else min(start, window - 1)  # a window's cache keeps w - 1
+    allowed = mt.causal_mask_after(T_new, held, window=window)  # (T, T_k): the model's mask for this layer
+    causal = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))[None, None]  # (1, 1, T, T_k)
     with torch.no_grad():
         return attention(x, cos_sin, causal, past_key_values=cache)[0]
+
+
+def theta(attention):
+    return hf_config.layer_rope(attention)[0]
 
 
 def ours_forward(attention, x, rope_base=10000.0, **kwargs):
@@ -77,25 +85,82 @@ def ours_forward(attention, x, rope_base=10000.0, **kwargs):
         return mt.GroupedQueryAttention.from_llama(attention, rope_base)(x, causal=True, **kwargs)[0]
 
 
-# The families from_llama computes, each as Hugging Face builds it (changes from TINY).
+# The families from_llama computes, each as Hugging Face builds it (changes from TINY), and the layer index.
+LLAMA3 = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+              original_max_position_embeddings=4)
 EQUAL = {
-    "Llama": ("llama", {}),
-    "Mistral, window 16": ("mistral", dict(sliding_window=16)),
-    "Qwen2, biases on q, k, v": ("qwen2", {}),
-    "Gemma 1, head_dim 16 != 32 / 4": ("gemma", dict(head_dim=16)),
-    "Gemma 2 without its soft-cap and scalar": ("gemma2", dict(attn_logit_softcapping=None, query_pre_attn_scalar=8)),
-    "OLMo 1 without clip_qkv": ("olmo", {}),
+    "Llama": ("llama", {}, 0),
+    "Mistral, window 4 < T": ("mistral", dict(sliding_window=4), 0),
+    "Qwen2, biases on q, k, v": ("qwen2", {}, 0),
+    "Qwen2 use_sliding_window": ("qwen2", dict(use_sliding_window=True, sliding_window=3, max_window_layers=1), 1),
+    "Qwen3, q_norm and k_norm per head": ("qwen3", {}, 0),
+    "OLMo 2, q_norm and k_norm over all heads": ("olmo2", {}, 0),
+    "Gemma 1, head_dim 16 != 32 / 4": ("gemma", dict(head_dim=16), 0),
+    "Gemma 2, soft-cap 5, scalar 16, sliding layer": ("gemma2", dict(attn_logit_softcapping=5.0,
+                                                                     query_pre_attn_scalar=16, sliding_window=3), 0),
+    "Gemma 2, full layer": ("gemma2", dict(query_pre_attn_scalar=16), 1),
+    "Gemma 3, sliding layer": ("gemma3", dict(layer_types=["sliding_attention", "full_attention"],
+                                              sliding_window=4, query_pre_attn_scalar=8), 0),
+    "Gemma 3, full layer": ("gemma3", dict(layer_types=["sliding_attention", "full_attention"],
+                                           query_pre_attn_scalar=8), 1),
+    "OLMo 1 without clip_qkv": ("olmo", {}, 0),
+    "Llama 3 RoPE": ("llama", dict(rope_parameters=LLAMA3), 0),
+    "linear RoPE": ("llama", dict(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=3.0)), 0),
+    "YaRN RoPE": ("qwen2", dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                     original_max_position_embeddings=4)), 0),
+    "dynamic NTK RoPE past its length": ("llama", dict(max_position_embeddings=4, rope_parameters=dict(
+        rope_type="dynamic", rope_theta=10000.0, factor=2.0)), 0),
 }
 
 
-@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-@pytest.mark.parametrize("family,changes", EQUAL.values(), ids=EQUAL.keys())
-def test_from_llama_equals_the_families_it_computes(family, changes, implementation):
-    attention, rotary = hf_layer(family, implementation=implementation, **changes)
+@pytest.mark.parametrize("family,changes,layer_idx,implementation", [
+    (*value, implementation) for value in EQUAL.values() for implementation in ("eager", "sdpa")
+    if not (value[0] == "gemma2" and implementation == "sdpa")],  # Hugging Face's sdpa refuses soft-capping
+    ids=[f"{key}-{implementation}" for key, value in EQUAL.items() for implementation in ("eager", "sdpa")
+         if not (value[0] == "gemma2" and implementation == "sdpa")])
+def test_from_llama_equals_the_families_it_computes(family, changes, layer_idx, implementation):
+    attention, rotary = hf_layer(family, layer_idx, implementation=implementation, **changes)
     x = torch.randn(2, 7, 32)
     expected = hf_forward(attention, rotary, x)
     assert expected.abs().max() > 3  # the scale at which a missing feature would show
-    torch.testing.assert_close(ours_forward(attention, x), expected, **TOLERANCE)
+    torch.testing.assert_close(ours_forward(attention, x, theta(attention)), expected, **TOLERANCE)
+
+
+@pytest.mark.parametrize("family,changes,layer_idx", [EQUAL[k] for k in (
+    "Mistral, window 4 < T", "Gemma 2, soft-cap 5, scalar 16, sliding layer", "Gemma 3, sliding layer",
+    "dynamic NTK RoPE past its length", "YaRN RoPE")], ids=["mistral", "gemma2", "gemma3", "dynamic", "yarn"])
+def test_decoding_with_a_cache_equals_hugging_face_and_keeps_only_the_window(family, changes, layer_idx):
+    attention, rotary = hf_layer(family, layer_idx, **changes)
+    ours = mt.GroupedQueryAttention.from_llama(attention, theta(attention))
+    x, cache, theirs = torch.randn(1, 9, 32), mt.KVCache(), transformers.DynamicCache(config=attention.config)
+    for start, stop in [(0, 5), (5, 6), (6, 7), (7, 9)]:
+        with torch.no_grad():
+            got = ours(x[:, start:stop], causal=True, cache=cache)[0]
+        expected = hf_forward(attention, rotary, x[:, start:stop], start, theirs)
+        torch.testing.assert_close(got, expected, **TOLERANCE)
+    window = ours.sliding_window
+    assert cache.position == 9 and len(cache) == (9 if window is None else window - 1)
+
+
+def test_each_feature_matters_a_copy_without_it_differs():
+    """Switch each copied feature off again: the copy then differs from Hugging Face by far more
+    than rounding, so the tests above would catch a loader that dropped it."""
+    x = torch.randn(2, 7, 32)
+    for key, feature in [("Gemma 2, soft-cap 5, scalar 16, sliding layer", "logit_cap"),
+                         ("Gemma 2, soft-cap 5, scalar 16, sliding layer", "scale"),
+                         ("Gemma 2, soft-cap 5, scalar 16, sliding layer", "sliding_window"),
+                         ("Qwen3, q_norm and k_norm per head", "qk_norm"),
+                         ("OLMo 2, q_norm and k_norm over all heads", "qk_norm"),
+                         ("Llama 3 RoPE", "rope_scaling"), ("YaRN RoPE", "rope_scaling")]:
+        family, changes, layer_idx = EQUAL[key]
+        attention, rotary = hf_layer(family, layer_idx, **changes)
+        ours = mt.GroupedQueryAttention.from_llama(attention, theta(attention))
+        setattr(ours, feature, None)
+        if feature == "rope_scaling":
+            ours.rotary = mt.rotary.RotaryTables(ours.d_head, ours.rope_base)
+        with torch.no_grad():
+            gap = ours(x, causal=True)[0] - hf_forward(attention, rotary, x)
+        assert gap.abs().max() > 1e-3, (key, feature)
 
 
 def test_qwen2_copies_biases_on_q_k_v_and_none_on_o():
@@ -106,49 +171,16 @@ def test_qwen2_copies_biases_on_q_k_v_and_none_on_o():
         assert torch.equal(mine.bias, theirs.bias) and theirs.bias.abs().max() > 0
 
 
-def mistral_attention_in_its_model(window, T):
-    """A one-layer MistralModel over T tokens: its attention layer, the layer's input and output
-    (the model builds the sliding-window mask itself)."""
-    model = randomize(transformers.MistralModel(tiny_config("mistral", sliding_window=window, num_hidden_layers=1)))
-    seen = {}
-
-    def keep(module, args, kwargs, output):
-        seen["x"], seen["out"] = kwargs["hidden_states"], output[0]
-
-    attention = model.layers[0].self_attn
-    attention.register_forward_hook(keep, with_kwargs=True)
-    with torch.no_grad():
-        model(torch.arange(T)[None] % 32)
-    return attention, seen["x"], seen["out"]
-
-
-def test_mistral_equals_within_its_window_and_refuses_past_it():
-    attention, x, expected = mistral_attention_in_its_model(window=5, T=5)
-    ours = mt.GroupedQueryAttention.from_llama(attention)
-    assert ours.sliding_window == 5
-    torch.testing.assert_close(ours_forward(attention, x), expected, **TOLERANCE)
-    attention, x, expected = mistral_attention_in_its_model(window=5, T=6)
-    with pytest.raises(ValueError, match=re.escape("6 positions (0 cached + 6 new) exceed sliding_window=5")):
-        ours_forward(attention, x)
-    unwindowed = mt.GroupedQueryAttention.from_llama(attention)
-    unwindowed.sliding_window = None
-    with torch.no_grad():
-        got = unwindowed(x, causal=True)[0]
-    torch.testing.assert_close(got[:, :5], expected[:, :5], **TOLERANCE)  # the window hides nothing yet
-    assert (got[:, 5] - expected[:, 5]).abs().max() > 1e-2  # the last query no longer sees the first key
-
-
-def test_mistral_decoding_with_a_cache_stops_at_the_window():
-    attention, rotary = hf_layer("mistral", sliding_window=6)
-    ours = mt.GroupedQueryAttention.from_llama(attention)
-    x, cache, theirs = torch.randn(1, 7, 32), mt.KVCache(), transformers.DynamicCache()
-    for start, stop in [(0, 4), (4, 6)]:
-        with torch.no_grad():
-            got = ours(x[:, start:stop], causal=True, cache=cache)[0]
-        torch.testing.assert_close(got, hf_forward(attention, rotary, x[:, start:stop], start, theirs), **TOLERANCE)
-    with pytest.raises(ValueError, match=re.escape("7 positions (6 cached + 1 new) exceed sliding_window=6")):
-        ours(x[:, 6:], causal=True, cache=cache)
-    assert len(cache) == 6  # refused before anything is appended
+def test_gemma_3_reads_each_layer_types_rope():
+    changes = dict(layer_types=["sliding_attention", "full_attention"], sliding_window=4,
+                   rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=10.0),
+                                    "full_attention": dict(rope_type="linear", rope_theta=1e6, factor=8.0)})
+    sliding, _ = hf_layer("gemma3", 0, **changes)
+    full, _ = hf_layer("gemma3", 1, **changes)
+    assert hf_config.layer_rope(sliding) == (10.0, None)
+    assert hf_config.layer_rope(full) == (1e6, {"rope_type": "linear", "factor": 8.0})
+    with pytest.raises(ValueError, match=re.escape("rope_theta=10.0 for this layer but rope_base=1000000.0")):
+        mt.GroupedQueryAttention.from_llama(sliding, 1e6)
 
 
 def refusal(attention, rope_base=10000.0):
@@ -159,94 +191,80 @@ def refusal(attention, rope_base=10000.0):
 
 # family, changes from TINY, layer index, what the message must name.
 REFUSED = {
-    "Qwen3": ("qwen3", {}, 0, ["q_norm and k_norm (Qwen3RMSNorm"]),
-    "OLMo2": ("olmo2", {}, 0, ["q_norm and k_norm (Olmo2RMSNorm"]),
-    "Gemma 2 soft-cap": ("gemma2", dict(query_pre_attn_scalar=8), 0, ["attn_logit_softcapping=50.0"]),
-    "Gemma 2 scalar": ("gemma2", dict(attn_logit_softcapping=None, query_pre_attn_scalar=16), 0,
-                       ["scaling other than head_dim ** -0.5 (scaling=0.25, query_pre_attn_scalar=16"]),
-    "Gemma 3": ("gemma3", dict(layer_types=["sliding_attention", "full_attention"]), 1,
-                ["q_norm and k_norm (Gemma3RMSNorm", "scaling other than head_dim ** -0.5",
-                 "per-layer-type RoPE parameters (rope_parameters has one dict per layer type"]),
-    "Llama 3 RoPE": ("llama", dict(rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
-                                                        low_freq_factor=1.0, high_freq_factor=4.0,
-                                                        original_max_position_embeddings=16)), 0,
-                     ["RoPE of type 'llama3'"]),
-    "YaRN RoPE": ("qwen2", dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0)), 0,
-                  ["RoPE of type 'yarn'"]),
     "GLM partial RoPE": ("glm", {}, 0, ["partial_rotary_factor=0.5 (RoPE on part of each head's features"]),
     "OLMo 1 clip_qkv": ("olmo", dict(clip_qkv=0.5), 0, ["clip_qkv=0.5 (queries, keys and values clamped"]),
     "GPT-OSS sinks": ("gpt_oss", dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0)), 1,
                       ["sinks (a learned logit per head"]),
-    "Qwen2 use_sliding_window": ("qwen2", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1), 1,
-                                 ["use_sliding_window=True (a window of 4 on the layers from max_window_layers=1"]),
+    "LongRoPE": ("llama", dict(rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 4,
+                                                    long_factor=[2.0] * 4, original_max_position_embeddings=4)),
+                 0, ["RoPE of type 'longrope'"]),
 }
 
 
 @pytest.mark.parametrize("family,changes,layer_idx,features", REFUSED.values(), ids=REFUSED.keys())
 def test_from_llama_refuses_naming_the_feature_model_type_and_class(family, changes, layer_idx, features):
     attention, _ = hf_layer(family, layer_idx, **changes)
-    message = refusal(attention, 1e6 if family == "gemma3" else 10000.0)
+    message = refusal(attention)
     for named in [*features, f"model_type={attention.config.model_type!r}", type(attention).__name__]:
         assert named in message, f"{named!r} not in {message!r}"
 
 
 @pytest.mark.parametrize("family,changes,layer_idx,features",
-                         [v for k, v in REFUSED.items() if k != "Qwen2 use_sliding_window"],
-                         ids=[k for k in REFUSED if k != "Qwen2 use_sliding_window"])
+                         [v for k, v in REFUSED.items() if k != "LongRoPE"], ids=[k for k in REFUSED if k != "LongRoPE"])
 def test_each_refusal_is_needed_a_copy_ignoring_it_differs(family, changes, layer_idx, features, monkeypatch):
-    """Were the check skipped, the copy would differ from Hugging Face at T = 7 by far more than
-    rounding. (Qwen2's use_sliding_window is left out: past its window of 4, forward refuses anyway.)"""
+    """Were the check skipped, the copy would differ from Hugging Face at T = 7 by far more than rounding."""
     attention, rotary = hf_layer(family, layer_idx, **changes)
     x = torch.randn(2, 7, 32)
-    monkeypatch.setattr(grouped, "check_computable", lambda attention, rope_base: None)
-    gap = (ours_forward(attention, x, 1e6 if family == "gemma3" else 10000.0) - hf_forward(attention, rotary, x))
+    monkeypatch.setattr(hf_config, "refused_features", lambda attention: [])
+    monkeypatch.setattr(hf_config, "layer_rope", lambda attention: (10000.0, None))
+    gap = (ours_forward(attention, x) - hf_forward(attention, rotary, x))
     assert gap.abs().max() > 1e-3
 
 
-def test_gemma_3_is_refused_without_rope_too():
-    attention, _ = hf_layer("gemma3", layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=8)
-    message = refusal(attention, rope_base=None)
-    assert "q_norm and k_norm" in message and "per-layer-type" not in message  # no RoPE copied, none checked
+def test_an_unknown_norm_is_refused():
+    attention, _ = hf_layer("qwen3")
+    attention.q_norm = type("MysteryNorm", (torch.nn.Module,), {})()
+    assert "a norm of class MysteryNorm" in refusal(attention)
 
 
 def transformers_4_config(**fields):
     """A config as transformers 4.56 lays it out: rope_theta and rope_scaling, no rope_parameters."""
-    return types.SimpleNamespace(**{"rope_scaling": None, **fields})
+    return types.SimpleNamespace(**{"rope_scaling": None, "max_position_embeddings": 4, **fields})
 
 
-def test_a_transformers_4_gemma_3_config_is_refused_for_its_per_layer_rope():
-    attention, _ = hf_layer("gemma3", layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=8)
-    attention.config = transformers_4_config(model_type="gemma3_text", rope_theta=1e6, rope_local_base_freq=1e4,
-                                             _sliding_window_pattern=6, sliding_window=4096, query_pre_attn_scalar=8)
-    message = refusal(attention, rope_base=1e6)
-    assert ("per-layer-type RoPE parameters (rope_local_base_freq=10000.0 on the sliding layers, "
-            "rope_theta=1000000.0 on the full ones, sliding_window_pattern=6)") in message
-    assert "model_type='gemma3_text' (Gemma3Attention)" in message
+def test_a_transformers_4_gemma_3_config_gives_its_sliding_layers_the_local_base():
+    changes = dict(layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=8)
+    for layer_idx, expected in [(0, 1e4), (1, 1e6)]:
+        attention, _ = hf_layer("gemma3", layer_idx, **changes)
+        attention.config = transformers_4_config(model_type="gemma3_text", rope_theta=1e6, rope_local_base_freq=1e4,
+                                                 sliding_window=4096, query_pre_attn_scalar=8)
+        assert hf_config.layer_rope(attention) == (expected, None)
 
 
-@pytest.mark.parametrize("fields,named", [
-    (dict(model_type="llama", rope_theta=10000.0, rope_scaling={"rope_type": "yarn", "factor": 4.0}),
-     "RoPE of type 'yarn'"),
-    (dict(model_type="stablelm", rope_theta=10000.0, partial_rotary_factor=0.25), "partial_rotary_factor=0.25"),
-    (dict(model_type="qwen2", rope_theta=10000.0, use_sliding_window=True, sliding_window=4, max_window_layers=1),
-     "use_sliding_window=True"),
-    (dict(model_type="gemma2", rope_theta=10000.0, attn_logit_softcapping=30.0), "attn_logit_softcapping=30.0"),
-    (dict(model_type="gemma2", rope_theta=10000.0, query_pre_attn_scalar=16), "query_pre_attn_scalar=16"),
-], ids=["rope_scaling yarn", "partial_rotary_factor", "use_sliding_window", "soft-cap", "query_pre_attn_scalar"])
-def test_a_transformers_4_config_is_read(fields, named):
-    """The config's own fields alone are enough: on a Llama layer, model_type and all."""
+@pytest.mark.parametrize("fields,expected", [
+    (dict(model_type="llama", rope_theta=10000.0, rope_scaling={"type": "linear", "factor": 4.0}),
+     dict(rope_scaling={"rope_type": "linear", "factor": 4.0})),
+    (dict(model_type="llama", rope_theta=10000.0, rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+     dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 4})),
+    (dict(model_type="gemma2", rope_theta=10000.0, attn_logit_softcapping=30.0), dict(logit_cap=30.0)),
+    (dict(model_type="gemma2", rope_theta=10000.0, query_pre_attn_scalar=16), dict(scale=0.25)),
+    (dict(model_type="mistral", rope_theta=10000.0, sliding_window=7), dict(sliding_window=7)),
+], ids=["rope_scaling linear", "rope_scaling dynamic", "soft-cap", "query_pre_attn_scalar", "window"])
+def test_a_transformers_4_config_is_read(fields, expected):
+    """The config's own fields alone are enough: on a Llama layer."""
     attention, _ = hf_layer("llama")
     attention.config = transformers_4_config(**fields)
     del attention.scaling  # so the config's query_pre_attn_scalar is the only word on the scaling
+    options = grouped.attention_options(attention, 10000.0)
+    assert {key: options[key] for key in expected} == expected
+
+
+@pytest.mark.parametrize("fields,named", [
+    (dict(model_type="stablelm", rope_theta=10000.0, partial_rotary_factor=0.25), "partial_rotary_factor=0.25"),
+    (dict(model_type="llama", rope_theta=10000.0, rope_scaling={"rope_type": "su", "factor": 2.0}), "type 'su'"),
+], ids=["partial_rotary_factor", "unknown type"])
+def test_a_transformers_4_config_is_refused(fields, named):
+    attention, _ = hf_layer("llama")
+    attention.config = transformers_4_config(**fields)
     message = refusal(attention)
     assert named in message and f"model_type={fields['model_type']!r} (LlamaAttention)" in message
-
-
-def test_a_transformers_4_mistral_config_keeps_its_window():
-    attention, rotary = hf_layer("mistral", sliding_window=7)
-    x = torch.randn(1, 7, 32)
-    expected = hf_forward(attention, rotary, x)
-    attention.config = transformers_4_config(model_type="mistral", rope_theta=10000.0, sliding_window=7)
-    torch.testing.assert_close(ours_forward(attention, x), expected, **TOLERANCE)
-    with pytest.raises(ValueError, match="8 positions"):
-        ours_forward(attention, torch.randn(1, 8, 32))

@@ -44,6 +44,13 @@ def check_cap(cap):
     return cap
 
 
+def check_scale(scale):
+    """A score scale: None (1 / sqrt(d_k)) or a real number > 0. Returns it."""
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not scale > 0):
+        raise ValueError(f"scale must be None (1 / sqrt(d_k)) or a number > 0, got {scale!r}")
+    return scale
+
+
 def check_even_model_width(d_model):
     """Sines and cosines come in pairs, so d_model must be even."""
     d_model = check_int("d_model", d_model)

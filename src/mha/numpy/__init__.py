@@ -12,10 +12,11 @@ The modules, each importing only those above it:
     chunked    attention in bounded memory (keys in blocks, online softmax)
     rotary     rotary position embeddings (RoPE), Llama's "rotate half" convention
     cache      the key-value cache of generation
-    grouped    grouped-query attention (shared key/value heads), with RoPE and the cache
+    parts      the parts of today's language models: RMSNorm, gated feed-forwards (SwiGLU, GeGLU)
+    grouped    grouped-query attention (shared key/value heads), with RoPE, the cache and the
+               attention features of today's models (QK-norm, soft-capping, sliding windows)
     positions  positions added to tokens (learned, sinusoidal) or to the scores (ALiBi)
     model      a decoder-only Transformer (a small GPT), its loss, warm-up and greedy generation
-    parts      the parts of today's language models: RMSNorm, gated feed-forwards (SwiGLU, GeGLU)
 Import the face, not the modules: `import mha.numpy as mnp`.
 """
 
@@ -32,12 +33,14 @@ from mha.numpy.blocks import (
 )
 from mha.numpy.cache import KVCache, kv_cache_bytes
 from mha.numpy.chunked import chunked_attention
-from mha.numpy.grouped import attend_with_cache, causal_mask_after, grouped_query_attention, repeat_kv
+from mha.numpy.grouped import (
+    attend_with_cache, causal_mask_after, grouped_query_attention, repeat_kv, sliding_window_mask,
+)
 from mha.numpy.model import (
     causal_lm_loss, cross_entropy, decoder_only_transformer, generate_greedy, log_softmax, warmup_factor,
 )
 from mha.numpy.parts import gated_feed_forward, geglu, rms_norm, silu, soft_cap, swiglu
-from mha.numpy.rotary import apply_rotary, rotary_embedding, rotate_half
+from mha.numpy.rotary import apply_rotary, rotary_at, rotary_embedding, rotary_frequencies, rotate_half
 from mha.numpy.positions import (
     add_positions, alibi_bias, alibi_slopes, sinusoidal_frequencies, sinusoidal_positions, sinusoidal_shift,
 )
@@ -55,7 +58,7 @@ __all__ = [
     # chunked
     "chunked_attention",
     # rotary, cache and grouped (chapter 12)
-    "rotary_embedding", "apply_rotary", "rotate_half", "KVCache", "kv_cache_bytes", "repeat_kv", "causal_mask_after",
+    "rotary_embedding", "apply_rotary", "rotate_half", "KVCache", "kv_cache_bytes", "repeat_kv", "causal_mask_after", "sliding_window_mask",
     "attend_with_cache", "grouped_query_attention",
     # positions (chapter 10)
     "sinusoidal_positions", "sinusoidal_frequencies", "sinusoidal_shift", "add_positions", "alibi_slopes",
@@ -63,5 +66,5 @@ __all__ = [
     # model (chapter 11)
     "decoder_only_transformer", "log_softmax", "cross_entropy", "causal_lm_loss", "warmup_factor", "generate_greedy",
     # parts of today's models (chapter 13)
-    "rms_norm", "silu", "gated_feed_forward", "swiglu", "geglu", "soft_cap",
+    "rotary_frequencies", "rotary_at", "rms_norm", "silu", "gated_feed_forward", "swiglu", "geglu", "soft_cap",
 ]

@@ -156,11 +156,23 @@ def as_bias(bias, scores_shape):
     return bias
 
 
-def scaled_dot_product_attention(Q, K, V, mask=None, *, bias=None):
+def soft_cap(x, cap):
+    """cap * tanh(x / cap): about x while |x| is small against cap, never beyond +-cap.
+
+    x: any array; cap: a number > 0. Computed as (x / cap), tanh, times cap, in that order,
+    as Gemma 2 does."""
+    x = as_float_array("x", x)
+    cap = validate.check_cap(cap)
+    return np.tanh(x / cap) * cap
+
+
+def scaled_dot_product_attention(Q, K, V, mask=None, *, bias=None, scale=None, logit_cap=None):
     """softmax(Q K^T / sqrt(d_k) + bias) V, with an optional boolean mask.
 
     Q: (..., T_q, d_k), K: (..., T_k, d_k), V: (..., T_k, d_v).
     bias: an additive term on the scores (e.g. ALiBi's), broadcasting to (..., T_q, T_k).
+    scale: replaces 1 / sqrt(d_k) (Gemma's query_pre_attn_scalar ** -0.5). logit_cap: the
+    scores become logit_cap * tanh(scores / logit_cap) before bias and mask (Gemma 2).
     Returns out (..., T_q, d_v) and weights (..., T_q, T_k).
     """
     Q, K, V = (as_float_array(n, a) for n, a in (("Q", Q), ("K", K), ("V", V)))
@@ -169,7 +181,12 @@ def scaled_dot_product_attention(Q, K, V, mask=None, *, bias=None):
     bias = as_bias(bias, (*batch, Q.shape[-2], K.shape[-2]))
     dtype = np.result_type(Q, K, V)
     Q, K, V = (at_least_float32(a) for a in (Q, K, V))  # float16 is computed in float32
-    scores = (Q / math.sqrt(Q.shape[-1])) @ transpose(K)  # (..., T_q, T_k); scaling Q is cheaper
+    if scale is None:
+        scores = (Q / math.sqrt(Q.shape[-1])) @ transpose(K)  # (..., T_q, T_k); scaling Q is cheaper
+    else:
+        scores = (Q * np.asarray(validate.check_scale(scale), Q.dtype)) @ transpose(K)  # (..., T_q, T_k)
+    if logit_cap is not None:
+        scores = soft_cap(scores, logit_cap)
     if bias is not None:
         scores += bias  # in place, in the scores' dtype
     weights = masked_softmax_(scores, mask)  # scores is ours: softmax it in place

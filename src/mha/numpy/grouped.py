@@ -12,7 +12,8 @@ from mha import validate
 from mha.numpy.attention import (as_float_array, as_mask, matrix, merge_heads, project,
                                   scaled_dot_product_attention, sequences, split_heads)
 from mha.numpy.cache import KVCache
-from mha.numpy.rotary import apply_rotary, rotary_embedding
+from mha.numpy.parts import rms_norm
+from mha.numpy.rotary import apply_rotary, rotary_at, rotary_embedding
 
 
 def repeat_kv(x, n_rep):
@@ -29,10 +30,20 @@ def repeat_kv(x, n_rep):
     return x.reshape(*batch, h_kv * n_rep, T, d)  # (..., h_kv * n_rep, T, d)
 
 
-def causal_mask_after(T_new, T_past):
+def causal_mask_after(T_new, T_past, *, window=None):
     """(T_new, T_past + T_new) boolean: new query t (at position T_past + t) sees every cached
-    key and the new keys up to itself."""
-    return np.tri(T_new, T_past + T_new, k=T_past, dtype=bool)
+    key and the new keys up to itself; with `window`, only the last `window` of them (itself included)."""
+    T_new, T_past = validate.check_int("T_new", T_new), validate.check_int("T_past", T_past, minimum=0)
+    mask = np.tri(T_new, T_past + T_new, k=T_past, dtype=bool)
+    if window is None:
+        return mask
+    window = validate.check_int("window", window)
+    return mask & ~np.tri(T_new, T_past + T_new, k=T_past - window, dtype=bool)  # key j > position - window
+
+
+def sliding_window_mask(T, window):
+    """(T, T) boolean: query t sees keys t - window + 1 .. t (Mistral's and Gemma's sliding window)."""
+    return causal_mask_after(T, 0, window=window)
 
 
 def attend_with_cache(q, k, v, past_keys=None, past_values=None, *, causal=False, mask=None, rope_base=None):
@@ -70,14 +81,21 @@ def attend_with_cache(q, k, v, past_keys=None, past_values=None, *, causal=False
 
 
 def grouped_query_attention(X, W_q, W_k, W_v, W_o, n_heads, n_kv_heads, *, mask=None, causal=False,
-                            rope_base=None, b_q=None, b_k=None, b_v=None, b_o=None, cache=None):
+                            rope_base=None, b_q=None, b_k=None, b_v=None, b_o=None, cache=None, positions=None,
+                            rope_scaling=None, scale=None, logit_cap=None, sliding_window=None, q_norm=None,
+                            k_norm=None, norm_eps=1e-6, norm_unit_offset=False):
     """Self-attention with n_heads query heads sharing n_kv_heads key/value heads.
 
     X: (..., T, d_model); W_q: (d_model, h * d_head); W_k, W_v: (d_model, h_kv * d_head);
     W_o: (h * d_head, d_model). With `rope_base`, queries and keys are rotated at their
-    positions (0 .. T - 1, or after the cache's length). With a `KVCache`, the new keys and
-    values are appended to it and the queries attend to everything cached. Returns
-    out (..., T, d_model) and weights (..., h, T, T_k), where T_k = len(cache) or T.
+    positions (`positions`, integers (..., T); default 0 .. T - 1 after `cache.position`),
+    with `rope_scaling` if given. With a `KVCache`, the new keys and values are appended to it
+    and the queries attend to everything it holds. The features of today's models:
+    q_norm, k_norm (RMSNorm weights of width d_head, per head, or h * d_head and h_kv * d_head,
+    over all heads, with norm_eps and norm_unit_offset), `scale` instead of d_head ** -0.5,
+    `logit_cap` (soft-capped scores), `sliding_window` (a causal query sees only the last
+    sliding_window positions; a cache then keeps only sliding_window - 1). Returns
+    out (..., T, d_model) and weights (..., h, T, T_k), T_k the keys held after the call.
     """
     X, _ = sequences(X)
     validate.check_group_sizes(n_heads, n_kv_heads)
@@ -91,11 +109,46 @@ def grouped_query_attention(X, W_q, W_k, W_v, W_o, n_heads, n_kv_heads, *, mask=
                              f"{n_kv_heads * d_head} columns")
     if cache is not None and not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a mha.numpy.KVCache, got {type(cache).__name__}")
-    q = split_heads(project("W_q", X, W_q, b_q, "X"), n_heads)  # (..., h, T, d_head)
-    k = split_heads(project("W_k", X, W_k, b_k, "X"), n_kv_heads)  # (..., h_kv, T, d_head)
+    if sliding_window is not None:
+        sliding_window = validate.check_int("sliding_window", sliding_window)
+    q, k = project("W_q", X, W_q, b_q, "X"), project("W_k", X, W_k, b_k, "X")  # (..., T, h * d_head), h_kv
+    q, k = query_key_norms(q, k, q_norm, k_norm, n_heads, n_kv_heads, d_head, norm_eps, norm_unit_offset)
     v = split_heads(project("W_v", X, W_v, b_v, "X"), n_kv_heads)  # (..., h_kv, T, d_head)
-    past = (None, None) if cache is None else (cache.keys, cache.values)
-    out, weights, keys, values = attend_with_cache(q, k, v, *past, causal=causal, mask=mask, rope_base=rope_base)
-    if cache is not None:
-        cache.keys, cache.values = keys, values
+    T_past, start = (0, 0) if cache is None else (len(cache), cache.position)
+    if rope_base is not None:
+        T = q.shape[-2]
+        dtype = np.float64 if q.dtype == np.float64 else np.float32
+        if positions is None:
+            cos, sin = rotary_embedding(T, d_head, rope_base, offset=start, dtype=dtype, scaling=rope_scaling)
+        else:
+            cos, sin = rotary_at(positions, d_head, rope_base, dtype=dtype, scaling=rope_scaling)  # (..., T, d)
+            cos, sin = cos[..., None, :, :], sin[..., None, :, :]  # (..., 1, T, d_head): every head
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    elif positions is not None or rope_scaling is not None:
+        raise ValueError("positions and rope_scaling are RoPE's: give rope_base too")
+    keys, values = (k, v) if cache is None else cache.append(k, v)  # (..., h_kv, T_past + T, d_head)
+    if causal:
+        causal_part = causal_mask_after(q.shape[-2], T_past, window=sliding_window)  # (T, T_past + T)
+        mask = causal_part if mask is None else as_mask(mask, (*q.shape[:-2], q.shape[-2], keys.shape[-2])) \
+            & causal_part
+    n_rep = n_heads // n_kv_heads
+    out, weights = scaled_dot_product_attention(q, repeat_kv(keys, n_rep), repeat_kv(values, n_rep), mask,
+                                                scale=scale, logit_cap=logit_cap)
+    if cache is not None and sliding_window is not None:
+        cache.keep_last(sliding_window - 1)  # the next query's window holds these and itself
     return project("W_o", merge_heads(out), W_o, b_o, "the merged heads"), weights
+
+
+def query_key_norms(q, k, q_norm, k_norm, n_heads, n_kv_heads, d_head, eps, unit_offset):
+    """The projected queries (..., T, h * d_head) and keys (..., T, h_kv * d_head), RMS-normed if
+    q_norm and k_norm are given (per head when their width is d_head, else over all heads), and
+    split: (..., h, T, d_head) and (..., h_kv, T, d_head)."""
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("give both q_norm and k_norm (QK-norm normalises queries and keys), or neither")
+    per_head = q_norm is not None and np.shape(q_norm) == (d_head,) and np.shape(k_norm) == (d_head,)
+    if q_norm is not None and not per_head:
+        q, k = rms_norm(q, q_norm, eps, unit_offset=unit_offset), rms_norm(k, k_norm, eps, unit_offset=unit_offset)
+    q, k = split_heads(q, n_heads), split_heads(k, n_kv_heads)  # (..., h, T, d_head), (..., h_kv, T, d_head)
+    if per_head:
+        q, k = rms_norm(q, q_norm, eps, unit_offset=unit_offset), rms_norm(k, k_norm, eps, unit_offset=unit_offset)
+    return q, k

@@ -16,7 +16,7 @@ They follow the library's conventions: row vectors (..., d), X @ W with W of sha
 import numpy as np
 
 from mha import validate
-from mha.numpy.attention import as_float_array, project
+from mha.numpy.attention import as_float_array, project, soft_cap  # noqa: F401 (soft_cap is a part too)
 from mha.numpy.blocks import gelu_tanh
 
 
@@ -71,13 +71,3 @@ def swiglu(X, W_gate, W_up, W_down):
 def geglu(X, W_gate, W_up, W_down):
     """GeGLU with GELU's tanh approximation, Gemma's feed-forward."""
     return gated_feed_forward(X, W_gate, W_up, W_down, activation="gelu_tanh")
-
-
-def soft_cap(x, cap):
-    """cap * tanh(x / cap): about x while |x| is small against cap, never beyond +-cap.
-
-    x: any array; cap: a number > 0. Computed as (x / cap), tanh, times cap, in that order,
-    as Gemma 2 does."""
-    x = as_float_array("x", x)
-    cap = validate.check_cap(cap)
-    return np.tanh(x / cap) * cap

@@ -113,3 +113,22 @@ def apply_rotary(x, cos, sin):
                              f"(T={x.shape[-2]}) and one column per feature (d_head={x.shape[-1]})")
     cos, sin = cos.astype(x.dtype, copy=False), sin.astype(x.dtype, copy=False)
     return x * cos + rotate_half(x) * sin
+
+
+def rotary_at(positions, d_head, base=10000.0, *, dtype=np.float64, scaling=None):
+    """The tables (cos, sin) at integer `positions` (..., T): each (..., T, d_head).
+
+    Where positions differ per sequence (left padding shifts them), each sequence gets its own
+    rows. Dynamic NTK reads the length max(positions) + 1, as transformers does.
+    """
+    positions = np.asarray(positions)
+    if positions.dtype.kind not in "iu" or positions.ndim < 1:
+        raise ValueError(f"positions must be integers of shape (..., T), got dtype {positions.dtype} and shape "
+                         f"{validate.shape_str(positions.shape)}")
+    if positions.size and positions.min() < 0:
+        raise ValueError(f"positions start at 0, got {positions.min()}")
+    seq_len = int(positions.max()) + 1 if positions.size else 1
+    inv_freq, factor = rotary_frequencies(d_head, base, scaling, seq_len=seq_len, dtype=dtype)  # (d/2,)
+    angles = positions.astype(inv_freq.dtype)[..., None] * inv_freq  # (..., T, d/2)
+    angles = np.concatenate([angles, angles], axis=-1)  # (..., T, d_head)
+    return (np.cos(angles) * factor).astype(dtype), (np.sin(angles) * factor).astype(dtype)

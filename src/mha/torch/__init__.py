@@ -14,11 +14,12 @@ The modules, each importing only those above it:
     chunked    attention in bounded memory (chapter 8)
     rotary     rotary position embeddings (RoPE), Llama's "rotate half" convention (chapter 12)
     cache      the key-value cache of generation (chapter 12)
-    grouped    grouped-query attention with RoPE and the cache, equal to Llama's (chapter 12)
+    parts      RMSNorm and the gated feed-forwards SwiGLU and GeGLU of today's models (chapter 13)
     hf_config  what from_llama reads from a Hugging Face layer's config, and what it refuses
+    grouped    grouped-query attention with RoPE and the cache, equal to Llama's (chapter 12), and
+               the attention features of today's models (chapter 13)
     positions  LearnedPositions, SinusoidalPositions and ALiBi's bias (chapter 10)
     model      DecoderOnlyTransformer (a small GPT), its loss, warm-up and greedy generation (chapter 11)
-    parts      RMSNorm and the gated feed-forwards SwiGLU and GeGLU of today's models (chapter 13)
 Import the face, not the modules: `import mha.torch as mt`.
 """
 
@@ -31,12 +32,14 @@ from mha.torch.blocks import Decoder, DecoderBlock, Encoder, EncoderBlock, FeedF
 from mha.torch.cache import KVCache, kv_cache_bytes
 from mha.torch.chunked import chunked_attention
 from mha.torch.devices import default_device, synchronize
-from mha.torch.grouped import GroupedQueryAttention, attend_with_cache, causal_mask_after, repeat_kv
+from mha.torch.grouped import (
+    GroupedQueryAttention, attend_with_cache, causal_mask_after, repeat_kv, sliding_window_mask,
+)
 from mha.torch.model import (
     DecoderOnlyTransformer, causal_lm_loss, cross_entropy, generate_greedy, warmup_factor, warmup_schedule,
 )
 from mha.torch.parts import GatedFeedForward, GeGLU, RMSNorm, SwiGLU, soft_cap
-from mha.torch.rotary import apply_rotary, rotary_embedding, rotate_half
+from mha.torch.rotary import RotaryTables, apply_rotary, rotary_embedding, rotary_frequencies, rotate_half
 from mha.torch.positions import (
     LearnedPositions, SinusoidalPositions, add_positions, alibi_bias, alibi_slopes, sinusoidal_positions,
 )
@@ -51,7 +54,7 @@ __all__ = [
     "linear_weight", "linear_bias", "check_input", "check_x_and_context",
     # chapter 12: rotary positions, the key-value cache, grouped-query attention
     "rotary_embedding", "apply_rotary", "rotate_half", "KVCache", "kv_cache_bytes", "repeat_kv", "causal_mask_after",
-    "attend_with_cache", "GroupedQueryAttention",
+    "attend_with_cache", "GroupedQueryAttention", "sliding_window_mask",
     # positions (chapter 10)
     "sinusoidal_positions", "add_positions", "alibi_slopes", "alibi_bias", "LearnedPositions",
     "SinusoidalPositions",
@@ -60,5 +63,5 @@ __all__ = [
     # where the chapters that show speed or memory compute
     "default_device", "synchronize",
     # parts of today's models (chapter 13)
-    "RMSNorm", "GatedFeedForward", "SwiGLU", "GeGLU", "soft_cap",
+    "rotary_frequencies", "RotaryTables", "RMSNorm", "GatedFeedForward", "SwiGLU", "GeGLU", "soft_cap",
 ]

@@ -72,21 +72,32 @@ def as_batch_of_matrices(a, batch):
     return a.expand(*batch, *a.shape[-2:]).reshape(math.prod(batch), *a.shape[-2:])  # (N, T, d)
 
 
-def scaled_scores(Q, K, batch):
-    """Q K^T / sqrt(d_k), shape (*batch, T_q, T_k), in one batched product that scales as it
-    multiplies: no pass over memory to scale Q, none over the scores to scale them."""
+def scaled_scores(Q, K, batch, scale=None):
+    """Q K^T * scale (default 1 / sqrt(d_k)), shape (*batch, T_q, T_k), in one batched product that
+    scales as it multiplies: no pass over memory to scale Q, none over the scores to scale them."""
     Q3, K3 = as_batch_of_matrices(Q, batch), as_batch_of_matrices(K, batch)  # (N, T_q, d_k), (N, T_k, d_k)
-    scale = 1 / math.sqrt(Q.shape[-1])
+    scale = 1 / math.sqrt(Q.shape[-1]) if scale is None else scale
     scores = torch.baddbmm(Q3.new_zeros(()), Q3, K3.transpose(-2, -1), beta=0, alpha=scale)  # (N, T_q, T_k)
     return scores.view(*batch, Q.shape[-2], K.shape[-2])  # (..., T_q, T_k)
 
 
-def scaled_dot_product_attention(Q, K, V, mask=None, dropout=0.0, *, bias=None):
+def soft_cap(x, cap):
+    """cap * tanh(x / cap), computed in that order as Gemma 2 does: about x while |x| is small
+    against cap, never beyond +-cap. x: a floating tensor of any shape; cap: a number > 0."""
+    check_is_tensor("x", x)
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    cap = validate.check_cap(cap)
+    return (x / cap).tanh() * cap
+
+
+def scaled_dot_product_attention(Q, K, V, mask=None, dropout=0.0, *, bias=None, scale=None, logit_cap=None):
     """The explicit form: softmax(Q K^T / sqrt(d_k) + bias) V, returning (out, weights).
 
     Q: (..., T_q, d_k), K: (..., T_k, d_k), V: (..., T_k, d_v); `bias` (e.g. ALiBi's)
-    broadcasts to (..., T_q, T_k). Returns out (..., T_q, d_v) and weights
-    (..., T_q, T_k) (before dropout).
+    broadcasts to (..., T_q, T_k). `scale` replaces 1 / sqrt(d_k) (Gemma's
+    query_pre_attn_scalar ** -0.5); `logit_cap` soft-caps the scores before the bias and
+    the mask (Gemma 2). Returns out (..., T_q, d_v) and weights (..., T_q, T_k) (before dropout).
     """
     batch = check_qkv_tensors(Q, K, V)
     if mask is not None:
@@ -96,7 +107,9 @@ def scaled_dot_product_attention(Q, K, V, mask=None, dropout=0.0, *, bias=None):
     dtype = Q.dtype
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype  # half: computed in float32
     Q, K, V = (a.to(work) for a in (Q, K, V))
-    scores = scaled_scores(Q, K, batch)  # (..., T_q, T_k)
+    scores = scaled_scores(Q, K, batch, validate.check_scale(scale))  # (..., T_q, T_k)
+    if logit_cap is not None:
+        scores = soft_cap(scores, logit_cap)
     if bias is not None:
         scores = scores + bias.to(work)  # (..., T_q, T_k)
     weights = masked_softmax_(scores, mask) if can_overwrite(scores) else masked_softmax(scores, mask)

@@ -13,7 +13,8 @@ from mha.torch.tensors import check_is_tensor
 class KVCache:
     """Keys and values (..., h_kv, T_cached, d_head) of one attention layer, grown by `append`.
 
-    `len(cache)` is the number of cached positions, so the next token's position.
+    `len(cache)` is the number of positions it holds. `cache.position` is the next token's
+    position: the same, unless `keep_last` (a sliding window's cache) dropped the oldest.
     The first `append` fixes the batch shape, the number of key/value heads, d_head,
     the dtype and the device; a later one that differs is a ValueError naming both.
     """
@@ -21,9 +22,23 @@ class KVCache:
     def __init__(self):
         self.keys = None  # (..., h_kv, T_cached, d_head), or None while empty
         self.values = None  # (..., h_kv, T_cached, d_v)
+        self.dropped = 0  # positions seen and no longer held (keep_last)
 
     def __len__(self):
         return 0 if self.keys is None else self.keys.shape[-2]
+
+    @property
+    def position(self):
+        """The position of the next token: every position appended so far, held or dropped."""
+        return self.dropped + len(self)
+
+    def keep_last(self, n):
+        """Hold only the last n positions (a sliding window of n + 1 needs no more for the next token)."""
+        n = validate.check_int("n", n, minimum=0)
+        drop = max(len(self) - n, 0)
+        if drop:
+            self.keys, self.values = self.keys[..., drop:, :], self.values[..., drop:, :]  # (..., h_kv, n, d)
+            self.dropped += drop
 
     def __repr__(self):
         shape = "empty" if self.keys is None else f"keys {validate.shape_str(self.keys.shape)}"

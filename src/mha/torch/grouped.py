@@ -1,8 +1,8 @@
 """Grouped-query attention with rotary positions and a key-value cache: the attention of
 Llama, Mistral, Qwen2 and Gemma 1. The PyTorch face of `mha.numpy.grouped`.
 
-`GroupedQueryAttention.from_llama` copies a Hugging Face `LlamaAttention` (or Mistral's, Qwen2's,
-Gemma 1's); the module then computes what it computes (tests/test_grouped_llama.py and
+`GroupedQueryAttention.from_llama` copies a Hugging Face `LlamaAttention` (or Mistral's, Qwen's,
+Gemma's, OLMo's); the module then computes what it computes (tests/test_grouped_llama.py and
 tests/test_loader_refusals.py prove it), and a layer it cannot compute is refused (`hf_config`).
 """
 
@@ -10,11 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mha import rope_scaling as rope_scaling_module
 from mha import validate
 from mha.torch.attention import linear_bias, linear_weight, merge_heads, scaled_dot_product_attention, split_heads
 from mha.torch.cache import KVCache
-from mha.torch.hf_config import check_computable, sliding_window
-from mha.torch.rotary import apply_rotary, rotary_embedding
+from mha.torch.hf_config import attention_options
+from mha.torch.parts import RMSNorm
+from mha.torch.rotary import RotaryTables, apply_rotary, rotary_embedding
 from mha.torch.tensors import at_least_2d, check_input, check_mask_tensor, check_tensor, under_transform
 
 
@@ -29,11 +31,20 @@ def repeat_kv(x, n_rep):
     return x.reshape(*batch, h_kv * n_rep, T, d)  # (..., h_kv * n_rep, T, d)
 
 
-def causal_mask_after(T_new, T_past, device=None):
+def causal_mask_after(T_new, T_past, device=None, *, window=None):
     """(T_new, T_past + T_new) boolean: new query t (at position T_past + t) sees every cached
-    key and the new keys up to itself."""
+    key and the new keys up to itself; with `window`, only the last `window` of them (itself included)."""
     T_new, T_past = validate.check_int("T_new", T_new), validate.check_int("T_past", T_past, minimum=0)
-    return torch.ones(T_new, T_past + T_new, dtype=torch.bool, device=device).tril(diagonal=T_past)
+    mask = torch.ones(T_new, T_past + T_new, dtype=torch.bool, device=device).tril(diagonal=T_past)
+    if window is None:
+        return mask
+    window = validate.check_int("window", window)
+    return mask.triu(diagonal=T_past - window + 1)  # key j > position - window
+
+
+def sliding_window_mask(T, window, device=None):
+    """(T, T) boolean: query t sees keys t - window + 1 .. t (Mistral's and Gemma's sliding window)."""
+    return causal_mask_after(T, 0, device, window=window)
 
 
 def attend_with_cache(q, k, v, past_keys=None, past_values=None, *, causal=False, mask=None, rope_base=None,
@@ -58,27 +69,44 @@ def attend_with_cache(q, k, v, past_keys=None, past_values=None, *, causal=False
         check_tensor(name, a)
         validate.check_ndim(name, a, 3)
     validate.check_cache_entries(cache.keys, cache.values, k, v)
-    n_rep = validate.check_group_sizes(q.shape[-3], k.shape[-3])
+    validate.check_group_sizes(q.shape[-3], k.shape[-3])
     T_past, T_new = len(cache), q.shape[-2]
     if rope_base is not None:
         cos, sin = rotary_embedding(T_new, q.shape[-1], rope_base, offset=T_past, dtype=q.dtype,
                                     device=q.device)  # (T_new, d_head)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     keys, values = cache.append(k, v)  # (..., h_kv, T_past + T_new, d_head)
+    out, weights = grouped_attention(q, keys, values, T_past, causal=causal, mask=mask,
+                                     return_weights=return_weights)
+    return out, weights, keys, values
+
+
+def grouped_attention(q, keys, values, T_past, *, causal=False, mask=None, window=None, scale=None, logit_cap=None,
+                      return_weights=False):
+    """Attention of the new queries over the held keys, the last T_new of which are the queries' own.
+
+    q: (..., h, T_new, d_head); keys, values: (..., h_kv, T_past + T_new, d_head), rotated.
+    causal: query t sees the T_past held keys and the new ones up to itself; `window` keeps only
+    the last `window` of those. `mask` (..., h, T_new, T_past + T_new) must allow a key too.
+    `scale` replaces d_head ** -0.5; `logit_cap` soft-caps the scores (then the explicit form runs,
+    as it does for `return_weights`). Returns out (..., h, T_new, d_head) and the weights or None.
+    """
+    n_rep, T_new, T_k = q.shape[-3] // keys.shape[-3], q.shape[-2], keys.shape[-2]
     if mask is not None:
-        check_mask_tensor(mask, (*q.shape[:-2], T_new, len(cache)), like=q)
+        check_mask_tensor(mask, (*q.shape[:-2], T_new, T_k), like=q)
         mask = at_least_2d(mask)  # (1, 1) or (1, T_k) for a 0-D or 1-D mask: a shape the fused kernel takes
-    explicit = return_weights or any(map(under_transform, (q, keys, values)))  # fused kernels: no forward AD
-    kernel_causal = causal and mask is None and T_past == 0 and not explicit  # the kernel's own causal path
-    if causal and not kernel_causal and T_new > 1:  # one new query sees everything: no mask needed
-        causal_part = causal_mask_after(T_new, T_past, q.device)  # (T_new, T_past + T_new)
+    explicit = return_weights or logit_cap is not None or any(map(under_transform, (q, keys, values)))
+    kernel_causal = causal and mask is None and T_past == 0 and window is None and not explicit
+    needs_window = window is not None and T_k > window  # a single new query's window can hold every key
+    if causal and not kernel_causal and (T_new > 1 or needs_window):
+        causal_part = causal_mask_after(T_new, T_past, q.device, window=window)  # (T_new, T_past + T_new)
         mask = causal_part if mask is None else mask & causal_part
     if explicit:
-        out, weights = scaled_dot_product_attention(q, repeat_kv(keys, n_rep), repeat_kv(values, n_rep), mask)
-        return out, weights, keys, values
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=kernel_causal,
+        return scaled_dot_product_attention(q, repeat_kv(keys, n_rep), repeat_kv(values, n_rep), mask,
+                                            scale=scale, logit_cap=logit_cap)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=kernel_causal, scale=scale,
                                          enable_gqa=n_rep > 1)  # (..., h, T_new, d_head)
-    return out, None, keys, values
+    return out, None
 
 
 class GroupedQueryAttention(nn.Module):
@@ -86,13 +114,22 @@ class GroupedQueryAttention(nn.Module):
 
     n_kv_heads == n_heads is multi-head attention; n_kv_heads == 1 multi-query attention.
     d_head defaults to d_model // n_heads. forward(x, mask=None, return_weights=False, *,
-    causal=False, cache=None) returns (out, weights or None); x: (..., T, d_model).
-    `sliding_window` (Mistral's) is the most positions, cached and new, that forward accepts:
-    beyond it a windowed layer would hide the oldest keys, which this one does not do.
+    causal=False, cache=None, positions=None) returns (out, weights or None); x: (..., T, d_model).
+
+    The features of today's models, each off by default:
+    - rope_scaling: a dict as transformers' rope_parameters (linear, dynamic, yarn, llama3);
+    - qk_norm: "head" (an RMSNorm of width d_head on every query and key head: Qwen3, Gemma 3)
+      or "all" (one over all heads' queries, one over all keys, before the split: OLMo 2), with
+      norm_eps, and norm_unit_offset=True for Gemma's (1 + w);
+    - scale: the scores' factor instead of d_head ** -0.5 (Gemma's query_pre_attn_scalar ** -0.5);
+    - logit_cap: scores become logit_cap * tanh(scores / logit_cap) (Gemma 2);
+    - sliding_window: a causal query sees only the last sliding_window positions, itself included
+      (Mistral; Gemma's sliding layers); a cache then keeps only the last sliding_window - 1.
     """
 
     def __init__(self, d_model, n_heads, n_kv_heads, *, d_head=None, bias=False, rope_base=None,
-                 sliding_window=None, device=None, dtype=None):
+                 rope_scaling=None, qk_norm=None, norm_eps=1e-6, norm_unit_offset=False, scale=None,
+                 logit_cap=None, sliding_window=None, device=None, dtype=None):
         super().__init__()
         self.d_model = validate.check_int("d_model", d_model)
         self.n_rep = validate.check_group_sizes(n_heads, n_kv_heads)
@@ -105,63 +142,85 @@ class GroupedQueryAttention(nn.Module):
         if self.rope_base is not None and d_head % 2:
             raise ValueError(f"d_head={d_head} is odd, but rotary embeddings turn features in pairs: "
                              f"choose an even d_head, or rope_base=None")
+        if rope_scaling is not None and self.rope_base is None:
+            raise ValueError("rope_scaling scales RoPE's frequencies: give rope_base too")
+        self.rope_scaling = rope_scaling_module.check_rope_scaling(rope_scaling)
+        self.scale = validate.check_scale(scale)
+        self.logit_cap = None if logit_cap is None else validate.check_cap(logit_cap)
         self.sliding_window = None if sliding_window is None else validate.check_int("sliding_window", sliding_window)
         options = dict(bias=bias, device=device, dtype=dtype)
         self.W_q = nn.Linear(d_model, n_heads * d_head, **options)
         self.W_k = nn.Linear(d_model, n_kv_heads * d_head, **options)
         self.W_v = nn.Linear(d_model, n_kv_heads * d_head, **options)
         self.W_o = nn.Linear(n_heads * d_head, d_model, **options)
+        if qk_norm not in (None, "head", "all"):
+            raise ValueError(f'qk_norm must be None, "head" (per head, Qwen3 and Gemma 3) or "all" (over all '
+                             f'heads, OLMo 2), got {qk_norm!r}')
+        self.qk_norm = qk_norm
+        if qk_norm is not None:
+            widths = (d_head, d_head) if qk_norm == "head" else (n_heads * d_head, n_kv_heads * d_head)
+            norm = dict(eps=norm_eps, unit_offset=norm_unit_offset, device=device, dtype=dtype)
+            self.q_norm, self.k_norm = RMSNorm(widths[0], **norm), RMSNorm(widths[1], **norm)
+        self.rotary = None if self.rope_base is None else RotaryTables(d_head, self.rope_base, self.rope_scaling)
 
-    def forward(self, x, mask=None, return_weights=False, *, causal=False, cache=None):
+    def forward(self, x, mask=None, return_weights=False, *, causal=False, cache=None, positions=None):
+        """x: (..., T, d_model). mask: booleans broadcasting to (..., h, T, T_k), T_k the keys held
+        after this call (with a cache: its held positions, then the T new ones). positions: integer
+        (..., T), the RoPE positions of the new tokens (default cache.position + 0 .. T - 1)."""
         check_input(self, "x", x, self.d_model)
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a mha.torch.KVCache, got {type(cache).__name__}")
-        self.check_window(x.shape[-2], 0 if cache is None else len(cache))
-        q = split_heads(self.W_q(x), self.n_heads)  # (..., h, T, d_head)
-        k = split_heads(self.W_k(x), self.n_kv_heads)  # (..., h_kv, T, d_head)
-        v = split_heads(self.W_v(x), self.n_kv_heads)  # (..., h_kv, T, d_head)
-        past = (None, None) if cache is None else (cache.keys, cache.values)
-        out, weights, keys, values = attend_with_cache(q, k, v, *past, causal=causal, mask=mask,
-                                                       rope_base=self.rope_base, return_weights=return_weights)
-        if cache is not None:
-            cache.keys, cache.values = keys, values
-        out = self.W_o(merge_heads(out))  # (..., T, d_model)
-        return out, weights
+        q, k, v = self.project(x)  # (..., h, T, d_head), (..., h_kv, T, d_head) twice
+        T_past = 0 if cache is None else len(cache)
+        if self.rotary is not None:
+            start = 0 if cache is None else cache.position
+            cos, sin = self.rotary(x.shape[-2], start, positions, q.dtype, q.device)  # (T, d) or (..., 1, T, d)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        elif positions is not None:
+            raise ValueError("positions are RoPE's positions, but this layer has no RoPE (rope_base=None)")
+        keys, values = (k, v) if cache is None else cache.append(k, v)  # (..., h_kv, T_past + T, d_head)
+        out, weights = grouped_attention(q, keys, values, T_past, causal=causal, mask=mask, window=self.sliding_window,
+                                         scale=self.scale, logit_cap=self.logit_cap, return_weights=return_weights)
+        if cache is not None and self.sliding_window is not None:
+            cache.keep_last(self.sliding_window - 1)  # the next query's window holds these and itself
+        return self.W_o(merge_heads(out)), weights  # (..., T, d_model)
 
-    def check_window(self, T_new, T_past):
-        """Refuse more positions than `sliding_window`, where a windowed layer would differ from ours."""
-        if self.sliding_window is not None and T_past + T_new > self.sliding_window:
-            raise ValueError(f"{T_past + T_new} positions ({T_past} cached + {T_new} new) exceed sliding_window="
-                             f"{self.sliding_window}: a windowed layer would hide the oldest keys, and "
-                             f"GroupedQueryAttention attends to all of them; expected at most "
-                             f"{self.sliding_window} positions")
+    def project(self, x):
+        """Queries (..., h, T, d_head), keys and values (..., h_kv, T, d_head), QK-normed if asked."""
+        q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)  # (..., T, h * d_head), (..., T, h_kv * d_head)
+        if self.qk_norm == "all":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = split_heads(q, self.n_heads)  # (..., h, T, d_head)
+        k = split_heads(k, self.n_kv_heads)  # (..., h_kv, T, d_head)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, split_heads(v, self.n_kv_heads)  # (..., h_kv, T, d_head)
 
     @classmethod
     def from_llama(cls, attention, rope_base=10000.0):
-        """A copy of a Hugging Face decoder attention layer's q_proj, k_proj, v_proj and o_proj
-        (same device and dtype). The rotary embedding lives outside the layer: give its base
-        (config.rope_theta) as `rope_base`; rope_base=None copies the projections without RoPE.
+        """A copy of a Hugging Face decoder attention layer (same device and dtype): its q_proj,
+        k_proj, v_proj, o_proj, and q_norm, k_norm where it has them. The rotary embedding lives
+        outside the layer: give its base (the layer's rope_theta) as `rope_base`, and the config's
+        RoPE scaling for this layer is read; rope_base=None copies the projections without RoPE.
 
-        Proven equal, each by a test against Hugging Face on a tiny random config:
-        Llama (`LlamaAttention`), Mistral (its `sliding_window` becomes ours: forward refuses
-        more positions than the window), Qwen2 (biases on q, k and v), Gemma 1 (head_dim other
-        than d_model / n_heads), OLMo 1 without clip_qkv. Refused with a ValueError naming the
-        feature, each tested: Qwen3 and OLMo2 (q_norm and k_norm), Gemma 2 (attn_logit_softcapping,
-        and scores scaled by query_pre_attn_scalar ** -0.5), Gemma 3 (q_norm and k_norm, that
-        scaling, a RoPE per layer type), any RoPE type but 'default' (Llama 3's, YaRN...),
-        partial_rotary_factor (GLM), clip_qkv (OLMo 1), sinks (GPT-OSS), Qwen2's
-        use_sliding_window. Other families are unproven. See `mha.torch.hf_config`."""
+        Proven equal, each by a test against Hugging Face on a tiny random config: Llama, Mistral
+        (its window), Qwen2 (biases on q, k and v; use_sliding_window), Qwen3 (q_norm, k_norm per
+        head), OLMo 2 (over all heads), Gemma 1, Gemma 2 (query_pre_attn_scalar, soft-capping,
+        sliding layers), Gemma 3 (a RoPE per layer type), OLMo 1 without clip_qkv, and RoPE scaling
+        (linear, dynamic, YaRN, Llama 3). Refused with a ValueError naming the feature, each tested:
+        clip_qkv (OLMo 1), sinks (GPT-OSS), partial_rotary_factor (GLM), other RoPE types, unknown
+        norms. See `mha.torch.hf_config`."""
         layers = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
         if not all(isinstance(layer, nn.Linear) for layer in layers):
             raise TypeError(f"expected a transformers LlamaAttention with q_proj, k_proj, v_proj and o_proj, "
                             f"got {type(attention).__name__}")
-        check_computable(attention, rope_base)
+        options = attention_options(attention, rope_base)
         q_proj, k_proj, v_proj, o_proj = layers
         d_head = attention.head_dim
         weight = q_proj.weight
         ours = cls(q_proj.in_features, q_proj.out_features // d_head, k_proj.out_features // d_head,
                    d_head=d_head, bias=any(layer.bias is not None for layer in layers), rope_base=rope_base,
-                   sliding_window=sliding_window(attention), device=weight.device, dtype=weight.dtype)
+                   device=weight.device, dtype=weight.dtype, **options)
         with torch.no_grad():
             for mine, theirs in zip((ours.W_q, ours.W_k, ours.W_v, ours.W_o), layers):
                 mine.weight.copy_(theirs.weight)
@@ -169,6 +228,9 @@ class GroupedQueryAttention(nn.Module):
                     mine.bias.copy_(theirs.bias)
                 elif mine.bias is not None:  # Qwen-style: biases on q, k, v only, none on o
                     mine.bias.zero_()
+            if ours.qk_norm is not None:
+                ours.q_norm.weight.copy_(attention.q_norm.weight)
+                ours.k_norm.weight.copy_(attention.k_norm.weight)
         return ours.train(attention.training)
 
     def numpy_params(self):
@@ -177,5 +239,11 @@ class GroupedQueryAttention(nn.Module):
         layers = {"q": self.W_q, "k": self.W_k, "v": self.W_v, "o": self.W_o}
         params = {f"W_{n}": linear_weight(layer) for n, layer in layers.items()}
         params.update({f"b_{n}": linear_bias(layer) for n, layer in layers.items()})
-        params.update(n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, rope_base=self.rope_base)
+        params.update(n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, rope_base=self.rope_base,
+                      rope_scaling=self.rope_scaling, scale=self.scale, logit_cap=self.logit_cap,
+                      sliding_window=self.sliding_window)
+        if self.qk_norm is not None:
+            params.update(q_norm=self.q_norm.weight.detach().cpu().numpy(),
+                          k_norm=self.k_norm.weight.detach().cpu().numpy(),
+                          norm_eps=self.q_norm.eps, norm_unit_offset=self.q_norm.unit_offset)
         return params

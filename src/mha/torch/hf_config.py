@@ -1,16 +1,46 @@
-"""What `GroupedQueryAttention.from_llama` reads from a Hugging Face decoder attention layer and
-its config, and what it refuses.
+"""What `GroupedQueryAttention.from_llama` (and `mha.torch.from_transformers`) read from a
+Hugging Face decoder layer and its config, and what they refuse.
 
-Our layer computes q, k, v and o projections, the default RoPE with one base, and softmax of
-the scores scaled by head_dim ** -0.5 over every key it is given. A layer that does anything
-else would be copied into a module that is silently wrong, so each feature below raises a
-`ValueError` naming it, the config's `model_type` and the attention class. Both config layouts
-of the `pretrained` extra are read: transformers 5 (`rope_parameters`, one dict per layer type
-where the types differ) and transformers 4.56 or newer (`rope_theta` and `rope_scaling`; Gemma
-3's `rope_local_base_freq` and `sliding_window_pattern`).
+Read and computed: q, k, v and o projections (with Qwen's biases); QK-norm per head (Qwen3,
+Gemma 3) or over all heads (OLMo 2); the scores' scale (Gemma's query_pre_attn_scalar);
+attention-logit soft-capping (Gemma 2); the layer's sliding window (Mistral, Qwen's
+use_sliding_window, Gemma's sliding layers); the layer's RoPE: its base and scaling (linear,
+dynamic NTK, YaRN, Llama 3), one per layer type where they differ (Gemma 3).
+
+Refused with a `ValueError` naming the feature, the config's `model_type` and the layer's class:
+anything else that changes the answer (OLMo 1's clip_qkv, GPT-OSS's sinks, GLM's partial
+rotary factor, a RoPE type we do not compute, an RMSNorm of a kind we do not know). Both config
+layouts of the `pretrained` extra are read: transformers 5 (`rope_parameters`, one dict per layer
+type where the types differ) and transformers 4.56 or newer (`rope_theta` and `rope_scaling`;
+Gemma 3's `rope_local_base_freq` for its sliding layers).
 """
 
-import math
+from mha import rope_scaling
+
+# RMSNorm classes by their formula: x / rms(x) * w (cast before the weight), or Gemma's * (1 + w) in float32.
+PLAIN_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Olmo2RMSNorm", "RMSNorm"}
+UNIT_OFFSET_NORMS = {"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm"}
+
+
+def where(attention):
+    """'model_type=... (ClassName)': the words every refusal ends with."""
+    config = getattr(attention, "config", None)
+    return f"model_type={getattr(config, 'model_type', None)!r} ({type(attention).__name__})"
+
+
+def refuse(attention, features):
+    raise ValueError(f"cannot compute {'; '.join(features)} of {where(attention)}: the copy would be silently "
+                     f"wrong. Expected q, k, v and o projections, RMSNorms of the Llama or Gemma kind, and a RoPE "
+                     f"of type {sorted(rope_scaling.ROPE_SCALINGS)} on every feature")
+
+
+def rms_norm_options(norm, owner=None):
+    """{"eps", "unit_offset"} of a Hugging Face RMSNorm (Llama's kind or Gemma's (1 + w) kind)."""
+    kind = type(norm).__name__
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if kind not in PLAIN_NORMS | UNIT_OFFSET_NORMS or eps is None:
+        refuse(owner or norm, [f"a norm of class {kind} (known: {sorted(PLAIN_NORMS | UNIT_OFFSET_NORMS)})"])
+    return {"eps": float(eps), "unit_offset": kind in UNIT_OFFSET_NORMS}
 
 
 def rope_parameters(config):
@@ -19,8 +49,9 @@ def rope_parameters(config):
     rope = getattr(config, "rope_parameters", None)
     if rope:
         return dict(rope)
-    scaling = getattr(config, "rope_scaling", None) or {}
-    rope = {"rope_type": scaling.get("rope_type", scaling.get("type", "default"))}
+    scaling = dict(getattr(config, "rope_scaling", None) or {})
+    kind = scaling.pop("type", scaling.get("rope_type", "default"))  # transformers 4 wrote "type" before 4.45
+    rope = {**scaling, "rope_type": kind}
     if getattr(config, "rope_theta", None) is not None:
         rope["rope_theta"] = config.rope_theta
     return rope
@@ -31,120 +62,99 @@ def is_per_layer_type(rope):
     return any(isinstance(value, dict) for value in rope.values())
 
 
-def query_key_norms(attention, config):
-    """Qwen3, OLMo2, Gemma 3: an RMSNorm of the queries and of the keys before RoPE."""
-    norms = [name for name in ("q_norm", "k_norm") if getattr(attention, name, None) is not None]
-    if norms:
-        kind = type(getattr(attention, norms[0])).__name__
-        return f"{' and '.join(norms)} ({kind} of the queries and keys before RoPE)"
+def layer_type(attention):
+    """'sliding_attention' or 'full_attention' where the layer says (Qwen, Gemma), else None."""
+    kind = getattr(attention, "layer_type", None)
+    if kind is None and getattr(attention, "is_sliding", None) is not None:
+        kind = "sliding_attention" if attention.is_sliding else "full_attention"
+    return kind
 
 
-def logit_softcapping(attention, config):
-    """Gemma 2: scores become cap * tanh(scores / cap) before the softmax."""
-    cap = getattr(attention, "attn_logit_softcapping", getattr(config, "attn_logit_softcapping", None))
-    if cap is not None:
-        return f"attn_logit_softcapping={cap} (scores become {cap} * tanh(scores / {cap}))"
+def layer_rope(attention):
+    """(theta, scaling) of this layer's RoPE: its base, and None or a `mha.rope_scaling` dict."""
+    config = attention.config
+    rope = rope_parameters(config)
+    kind = layer_type(attention)
+    if is_per_layer_type(rope):
+        if kind not in rope:
+            refuse(attention, [f"per-layer-type RoPE parameters {sorted(rope)} for a layer of type {kind!r}"])
+        rope = dict(rope[kind])
+    elif getattr(config, "rope_local_base_freq", None) is not None and kind == "sliding_attention":
+        rope = {"rope_type": "default", "rope_theta": config.rope_local_base_freq}  # transformers 4's Gemma 3
+    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    if factor is not None and factor != 1.0:
+        refuse(attention, [f"partial_rotary_factor={factor} (RoPE on part of each head's features; we turn them all)"])
+    return rope.get("rope_theta"), scaling_of(attention, rope)
 
 
-def other_scaling(attention, config):
-    """Gemma 2 and 3: scores scaled by query_pre_attn_scalar ** -0.5 instead of head_dim ** -0.5."""
-    scalar = getattr(config, "query_pre_attn_scalar", None)
-    scaling = getattr(attention, "scaling", None)
-    if scaling is None and scalar is not None:
-        scaling = scalar ** -0.5
-    expected = attention.head_dim ** -0.5
-    if scaling is not None and not math.isclose(scaling, expected, rel_tol=1e-9):
-        source = "" if scalar is None else f", query_pre_attn_scalar={scalar}"
-        return (f"a scaling other than head_dim ** -0.5 (scaling={scaling:.6g}{source}; "
-                f"head_dim={attention.head_dim} gives {expected:.6g})")
+def scaling_of(attention, rope):
+    """transformers' rope dict as `mha.rope_scaling` takes it (None for the default RoPE)."""
+    config, kind = attention.config, rope.get("rope_type", "default")
+    if kind not in rope_scaling.ROPE_SCALINGS:
+        refuse(attention, [f"RoPE of type {kind!r} (computed here: {sorted(rope_scaling.ROPE_SCALINGS)})"])
+    if kind == "default":
+        return None
+    required, optional = rope_scaling.ROPE_SCALINGS[kind]
+    scaling = {key: rope[key] for key in (*required, *optional) if rope.get(key) is not None}
+    if kind == "dynamic":
+        scaling["max_position_embeddings"] = config.max_position_embeddings
+    if kind == "yarn" and "factor" not in scaling:  # DeepSeek's way: the ratio of the two lengths
+        scaling["factor"] = config.max_position_embeddings / rope["original_max_position_embeddings"]
+    unknown = sorted(set(rope) - {"rope_type", "rope_theta", "partial_rotary_factor", *required, *optional})
+    if unknown:
+        refuse(attention, [f"RoPE {kind!r} with {unknown}"])
+    return {"rope_type": kind, **scaling}
 
 
-def use_sliding_window(attention, config):
-    """Qwen2 and Qwen3's use_sliding_window: a window on the layers from max_window_layers on."""
-    if getattr(config, "use_sliding_window", False):
-        return (f"use_sliding_window=True (a window of {getattr(config, 'sliding_window', None)} on the layers "
-                f"from max_window_layers={getattr(config, 'max_window_layers', None)} on)")
-
-
-def clipped_qkv(attention, config):
-    """OLMo 1: queries, keys and values clamped to [-clip_qkv, clip_qkv]."""
+def refused_features(attention):
+    """The features of a layer that nothing here computes, in words (empty when there is none)."""
+    config = getattr(attention, "config", None)
+    found = []
     clip = getattr(config, "clip_qkv", None)
     if clip is not None:
-        return f"clip_qkv={clip} (queries, keys and values clamped to [-{clip}, {clip}])"
-
-
-def attention_sinks(attention, config):
-    """GPT-OSS: a learned logit per head that joins the softmax and takes part of the weight."""
+        found.append(f"clip_qkv={clip} (queries, keys and values clamped to [-{clip}, {clip}])")
     if getattr(attention, "sinks", None) is not None:
-        return "sinks (a learned logit per head in the softmax's denominator)"
-
-
-def partial_rotary(attention, config):
-    """GLM, StableLM: RoPE turns only the first partial_rotary_factor of each head's features."""
-    factor = rope_parameters(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-    if factor is not None and factor != 1.0:
-        return f"partial_rotary_factor={factor} (RoPE on part of each head's features; we turn them all)"
-
-
-def per_layer_type_rope(attention, config):
-    """Gemma 3: a RoPE for the sliding layers and another for the full ones."""
-    rope = rope_parameters(config)
-    if is_per_layer_type(rope):
-        return f"per-layer-type RoPE parameters (rope_parameters has one dict per layer type: {sorted(rope)})"
-    local = getattr(config, "rope_local_base_freq", None)
-    if local is not None:  # transformers 4's layout; the pattern's last layer of each group is full
-        pattern = vars(config).get("sliding_window_pattern", vars(config).get("_sliding_window_pattern"))
-        return (f"per-layer-type RoPE parameters (rope_local_base_freq={local} on the sliding layers, "
-                f"rope_theta={getattr(config, 'rope_theta', None)} on the full ones, "
-                f"sliding_window_pattern={pattern})")
-
-
-def rope_type(attention, config):
-    """Llama 3, YaRN, linear, dynamic...: frequencies rescaled, which our tables do not do."""
-    rope = rope_parameters(config)
-    kind = rope.get("rope_type", "default")
-    if not is_per_layer_type(rope) and kind != "default":
-        return f"RoPE of type {kind!r} (it rescales the frequencies; we build the 'default' kind only)"
-
-
-# Every feature that from_llama refuses, one test each: it returns what the layer has, or None.
-LAYER_FEATURES = (
-    query_key_norms,  # Qwen3, OLMo2, Gemma 3
-    logit_softcapping,  # Gemma 2
-    other_scaling,  # Gemma 2 and 3 (query_pre_attn_scalar)
-    use_sliding_window,  # Qwen2 and Qwen3 when switched on
-    clipped_qkv,  # OLMo 1 when switched on
-    attention_sinks,  # GPT-OSS
-)
-ROPE_FEATURES = (  # checked only when rope_base is given: rope_base=None copies no RoPE at all
-    per_layer_type_rope,  # Gemma 3
-    rope_type,  # Llama 3 ('llama3'), YaRN, linear, dynamic
-    partial_rotary,  # GLM, StableLM
-)
-
-
-def check_computable(attention, rope_base):
-    """Raise a ValueError listing every feature of a transformers attention layer (and its config)
-    that GroupedQueryAttention does not compute; then check that the RoPE base is `rope_base`."""
-    config = getattr(attention, "config", None)
-    features = LAYER_FEATURES + (ROPE_FEATURES if rope_base is not None else ())
-    found = [what for test in features if (what := test(attention, config)) is not None]
-    if found:
-        raise ValueError(f"from_llama cannot compute {'; '.join(found)} of model_type="
-                         f"{getattr(config, 'model_type', None)!r} ({type(attention).__name__}): the copy would "
-                         f"be silently wrong. Expected a layer with the default RoPE on every feature, scores "
-                         f"scaled by head_dim ** -0.5, no q_norm, k_norm, clipping, sinks or soft-capping, and "
-                         f"no use_sliding_window")
-    if rope_base is not None and config is not None:
-        theta = rope_parameters(config).get("rope_theta", rope_base)
-        if theta != rope_base:
-            raise ValueError(f"the {type(attention).__name__} config has rope_theta={theta} but "
-                             f"rope_base={rope_base}: pass rope_base={theta}")
+        found.append("sinks (a learned logit per head in the softmax's denominator)")
+    return found
 
 
 def sliding_window(attention):
-    """The layer's window (Mistral's config.sliding_window, or the layer's own for per-layer
-    windows as Gemma 2's), or None: past it a query sees only the last `window` keys."""
+    """The layer's window (Mistral's config.sliding_window, or the layer's own where windows differ
+    per layer, as Qwen's and Gemma's), or None: past it a query sees only the last `window` keys."""
     if hasattr(attention, "sliding_window"):
         return attention.sliding_window
     return getattr(getattr(attention, "config", None), "sliding_window", None)
+
+
+def attention_options(attention, rope_base):
+    """The keyword arguments of `GroupedQueryAttention` (besides the sizes) that make it compute
+    what `attention` computes; rope_base=None copies no RoPE. Refuses what it cannot compute."""
+    found = refused_features(attention)
+    if found:
+        refuse(attention, found)
+    config = getattr(attention, "config", None)
+    options = {"sliding_window": sliding_window(attention), "scale": scale_of(attention, config),
+               "logit_cap": getattr(attention, "attn_logit_softcapping", getattr(config, "attn_logit_softcapping",
+                                                                                  None))}
+    q_norm = getattr(attention, "q_norm", None)
+    if q_norm is not None:
+        norm = rms_norm_options(q_norm, attention)
+        per_head = q_norm.weight.shape[-1] == attention.head_dim and attention.k_norm.weight.shape[-1] == \
+            attention.head_dim
+        options.update(qk_norm="head" if per_head else "all", norm_eps=norm["eps"],
+                       norm_unit_offset=norm["unit_offset"])
+    if rope_base is not None and config is not None:
+        theta, options["rope_scaling"] = layer_rope(attention)
+        if theta is not None and theta != rope_base:
+            raise ValueError(f"the {type(attention).__name__} config has rope_theta={theta} for this layer but "
+                             f"rope_base={rope_base}: pass rope_base={theta}")
+    return options
+
+
+def scale_of(attention, config):
+    """The scores' factor: the layer's `scaling`, else query_pre_attn_scalar ** -0.5; None = head_dim ** -0.5."""
+    scaling = getattr(attention, "scaling", None)
+    scalar = getattr(config, "query_pre_attn_scalar", None)
+    if scaling is None and scalar is not None:
+        scaling = scalar ** -0.5
+    return None if scaling is None or scaling == attention.head_dim ** -0.5 else float(scaling)

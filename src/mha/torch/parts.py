@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mha import validate
-from mha.torch.attention import linear_weight
+from mha.torch.attention import linear_weight, soft_cap  # noqa: F401 (soft_cap is a part too)
 from mha.torch.blocks import ACTIVATIONS
 from mha.torch.tensors import check_input, check_is_tensor
 
@@ -143,13 +143,3 @@ class GeGLU(GatedFeedForward):
 
     def __init__(self, d_model, d_ff, *, device=None, dtype=None):
         super().__init__(d_model, d_ff, activation="gelu_tanh", device=device, dtype=dtype)
-
-
-def soft_cap(x, cap):
-    """cap * tanh(x / cap), computed in that order as Gemma 2 does: about x while |x| is small
-    against cap, never beyond +-cap. x: a floating tensor of any shape; cap: a number > 0."""
-    check_is_tensor("x", x)
-    if not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
-    cap = validate.check_cap(cap)
-    return (x / cap).tanh() * cap

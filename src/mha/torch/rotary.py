@@ -121,3 +121,60 @@ def llama3_frequencies(scaling, inv_freq):
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelength < context / high) * ~(wavelength > context / low)
     return torch.where(medium, blended, scaled)
+
+
+class RotaryTables:
+    """One layer's RoPE (d_head, base, scaling): its tables made once per device and dtype, for
+    positions 0 .. L - 1 with L doubled when a longer sequence comes, then sliced at each call.
+
+    Decoding asks for one position per step; slicing a stored table costs nothing, where
+    building it costs a dozen small kernels. Dynamic NTK's frequencies change with the length,
+    so it builds the rows it is asked for, keyed on nothing. Equal, row for row, to
+    `rotary_embedding`, whose operations it runs.
+    """
+
+    def __init__(self, d_head, base=10000.0, scaling=None):
+        self.d_head, self.base = validate.check_int("d_head", d_head), validate.check_base(base)
+        check_even_width("the rotary table", self.d_head)
+        self.scaling = rope_scaling.check_rope_scaling(scaling)
+        self.dynamic = self.scaling is not None and self.scaling["rope_type"] == "dynamic"
+        self.tables = {}  # (device, dtype) -> (cos, sin), each (L, d_head)
+
+    def __call__(self, T, start=0, positions=None, dtype=torch.float32, device=None):
+        """(cos, sin) for the new tokens: (T, d_head) for positions start .. start + T - 1, or
+        (..., 1, T, d_head), one row per head to broadcast over, for integer `positions` (..., T)."""
+        if positions is not None:
+            return self.at(positions, T, dtype, device)
+        if self.dynamic:
+            return rotary_embedding(T, self.d_head, self.base, start, dtype=dtype, device=device, scaling=self.scaling)
+        cos, sin = self.table(start + T, dtype, device)  # (L, d_head), L >= start + T
+        return cos[start:start + T], sin[start:start + T]  # (T, d_head), views
+
+    def table(self, length, dtype, device):
+        """The stored tables, grown to at least `length` rows."""
+        key = (torch.device(device) if device is not None else torch.device("cpu"), dtype)
+        cos, sin = self.tables.get(key, (None, None))
+        if cos is None or len(cos) < length:
+            rows = max(length, 2 * (0 if cos is None else len(cos)), 64)
+            cos, sin = rotary_embedding(rows, self.d_head, self.base, dtype=dtype, device=device,
+                                        scaling=self.scaling)  # (rows, d_head)
+            self.tables[key] = cos, sin
+        return cos, sin
+
+    def at(self, positions, T, dtype, device):
+        """The tables at integer positions (..., T): (..., 1, T, d_head)."""
+        check_is_tensor("positions", positions)
+        if positions.is_floating_point() or positions.dtype == torch.bool or positions.shape[-1:] != (T,):
+            raise ValueError(f"positions must be integers of shape (..., T) with T={T} (one per new token), "
+                             f"got dtype {positions.dtype} and shape {validate.shape_str(positions.shape)}")
+        if positions.device != torch.device(device if device is not None else "cpu"):
+            raise ValueError(f"positions are on {positions.device}, the queries on {device}: move them with .to()")
+        seq_len = int(positions.max()) + 1 if self.dynamic else None  # dynamic NTK reads the length
+        inv_freq, factor = rotary_frequencies(self.d_head, self.base, self.scaling, seq_len=seq_len, dtype=dtype,
+                                              device=device)  # (d/2,)
+        angles = positions.to(inv_freq.dtype)[..., None] * inv_freq  # (..., T, d/2)
+        angles = torch.cat([angles, angles], dim=-1)[..., None, :, :]  # (..., 1, T, d_head)
+        cos, sin = angles.cos(), angles.sin()
+        if factor != 1.0:
+            cos, sin = cos * factor, sin * factor
+        return cos.to(dtype), sin.to(dtype)

@@ -20,6 +20,8 @@ The modules, each importing only those above it:
                the attention features of today's models (chapter 13)
     positions  LearnedPositions, SinusoidalPositions and ALiBi's bias (chapter 10)
     model      DecoderOnlyTransformer (a small GPT), its loss, warm-up and greedy generation (chapter 11)
+    lm         TransformerLM and LMConfig: GPT-2, Llama, Mistral, Qwen, Gemma, OLMo 2 from our parts (chapter 13)
+    hf_models  from_transformers: a Hugging Face causal LM copied into a TransformerLM (chapter 13)
 Import the face, not the modules: `import mha.torch as mt`.
 """
 
@@ -38,6 +40,8 @@ from mha.torch.grouped import (
 from mha.torch.model import (
     DecoderOnlyTransformer, causal_lm_loss, cross_entropy, generate_greedy, warmup_factor, warmup_schedule,
 )
+from mha.torch.hf_models import from_transformers
+from mha.torch.lm import LMBlock, LMConfig, TransformerLM, positions_from_mask
 from mha.torch.parts import GatedFeedForward, GeGLU, RMSNorm, SwiGLU, soft_cap
 from mha.torch.rotary import RotaryTables, apply_rotary, rotary_embedding, rotary_frequencies, rotate_half
 from mha.torch.positions import (
@@ -63,5 +67,6 @@ __all__ = [
     # where the chapters that show speed or memory compute
     "default_device", "synchronize",
     # parts of today's models (chapter 13)
-    "rotary_frequencies", "RotaryTables", "RMSNorm", "GatedFeedForward", "SwiGLU", "GeGLU", "soft_cap",
+    "rotary_frequencies", "RotaryTables", "TransformerLM", "LMConfig", "LMBlock", "from_transformers", "positions_from_mask",
+    "RMSNorm", "GatedFeedForward", "SwiGLU", "GeGLU", "soft_cap",
 ]

@@ -1,0 +1,304 @@
+"""Chapter 13: today's language models, whole, from the course's parts.
+
+`TransformerLM` is one decoder-only model that becomes GPT-2, Llama, Mistral, Qwen2, Qwen3,
+Gemma 2, Gemma 3 or OLMo 2 by its `LMConfig`: token embeddings (scaled by sqrt(d_model) in Gemma),
+learned positions (GPT-2) or RoPE inside attention (the others), a stack of `LMBlock`s, a
+final norm, an output layer (tied to the embeddings where the model ties them) and Gemma 2's
+final soft-cap. Each block is a `GroupedQueryAttention` and a feed-forward (`FeedForward` with
+tanh GELU for GPT-2, `GatedFeedForward` for the others), with its norms placed as the model
+places them: before each sublayer (pre-norm: GPT-2, Llama), before and after it (Gemma 2
+and 3), or after it (OLMo 2).
+
+`from_transformers(model)` copies a Hugging Face causal LM into one (`mha.torch.hf_models`
+reads the config); `numpy_params()` feeds `mha.numpy.transformer_lm`, which computes the
+same logits.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mha import validate
+from mha.torch.attention import linear_bias, linear_weight, soft_cap
+from mha.torch.blocks import FeedForward
+from mha.torch.cache import KVCache
+from mha.torch.grouped import GroupedQueryAttention
+from mha.torch.model import check_head_mask, check_ids, check_prompt
+from mha.torch.parts import GatedFeedForward, RMSNorm
+
+NORM_PLACEMENTS = ("pre", "sandwich", "post")
+FEED_FORWARDS = ("silu", "gelu_tanh", "mlp_gelu_tanh")  # SwiGLU, GeGLU, GPT-2's two layers with biases
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """What makes a `TransformerLM` one model family or another.
+
+    attention: keyword arguments of `GroupedQueryAttention` shared by every layer (n_heads,
+    n_kv_heads, d_head, bias, rope_base, qk_norm, scale, logit_cap, ...); layer_attention: one
+    dict per layer that overrides them (a layer's sliding_window, rope_base, rope_scaling), or ().
+    norm: "rms" or "layer" (LayerNorm with a bias: GPT-2); norm_unit_offset: Gemma's (1 + w).
+    norm_placement: "pre", "sandwich" (pre and post, Gemma 2 and 3) or "post" (OLMo 2).
+    feed_forward: "silu" (SwiGLU), "gelu_tanh" (GeGLU) or "mlp_gelu_tanh" (GPT-2's MLP).
+    max_positions: rows of a learned position table (GPT-2), or None (RoPE carries positions).
+    embedding_scale: None, or the factor on the embeddings (Gemma: sqrt(d_model)).
+    final_logit_cap: None, or Gemma 2's soft cap on the logits.
+    """
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    d_ff: int
+    attention: dict = field(default_factory=dict)
+    layer_attention: tuple = ()
+    norm: str = "rms"
+    norm_eps: float = 1e-6
+    norm_unit_offset: bool = False
+    norm_placement: str = "pre"
+    feed_forward: str = "silu"
+    max_positions: int = None
+    tie_embeddings: bool = True
+    embedding_scale: float = None
+    final_logit_cap: float = None
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "d_ff"):
+            validate.check_int(name, getattr(self, name))
+        for name, value, allowed in (("norm", self.norm, ("rms", "layer")),
+                                     ("norm_placement", self.norm_placement, NORM_PLACEMENTS),
+                                     ("feed_forward", self.feed_forward, FEED_FORWARDS)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if self.layer_attention and len(self.layer_attention) != self.n_layers:
+            raise ValueError(f"layer_attention needs one dict per layer (n_layers={self.n_layers}), "
+                             f"got {len(self.layer_attention)}")
+        if not isinstance(self.attention, dict) or "n_heads" not in self.attention:
+            raise ValueError(f"attention must be a dict of GroupedQueryAttention arguments with n_heads, "
+                             f"got {self.attention!r}")
+
+    def layer(self, i):
+        """The GroupedQueryAttention arguments of layer i."""
+        options = {"n_kv_heads": self.attention["n_heads"], **self.attention}
+        return {**options, **(self.layer_attention[i] if self.layer_attention else {})}
+
+
+def make_norm(config, device=None, dtype=None):
+    if config.norm == "layer":
+        return nn.LayerNorm(config.d_model, eps=config.norm_eps, device=device, dtype=dtype)
+    return RMSNorm(config.d_model, config.norm_eps, unit_offset=config.norm_unit_offset, device=device, dtype=dtype)
+
+
+class LMBlock(nn.Module):
+    """Self-attention and a feed-forward, each added to the residual stream, with the norms
+    where `config.norm_placement` puts them: x + sublayer(norm(x)) ("pre"),
+    x + norm_out(sublayer(norm_in(x))) ("sandwich"), x + norm(sublayer(x)) ("post")."""
+
+    def __init__(self, config, layer, *, device=None, dtype=None):
+        super().__init__()
+        options = dict(device=device, dtype=dtype)
+        self.attention = GroupedQueryAttention(config.d_model, **config.layer(layer), **options)
+        if config.feed_forward == "mlp_gelu_tanh":
+            self.feed_forward = FeedForward(config.d_model, config.d_ff, activation="gelu_tanh", **options)
+        else:
+            self.feed_forward = GatedFeedForward(config.d_model, config.d_ff, activation=config.feed_forward,
+                                                 **options)
+        placement = config.norm_placement
+        norm_in = placement in ("pre", "sandwich")
+        norm_out = placement in ("sandwich", "post")
+        self.attention_norm_in = make_norm(config, **options) if norm_in else None
+        self.attention_norm_out = make_norm(config, **options) if norm_out else None
+        self.feed_forward_norm_in = make_norm(config, **options) if norm_in else None
+        self.feed_forward_norm_out = make_norm(config, **options) if norm_out else None
+
+    def forward(self, x, mask=None, *, cache=None, positions=None, return_weights=False):
+        """x: (..., T, d_model) -> (x, weights (..., h, T, T_k) or None). The attention is causal."""
+        a = x if self.attention_norm_in is None else self.attention_norm_in(x)
+        a, weights = self.attention(a, mask, return_weights, causal=True, cache=cache, positions=positions)
+        x = x + (a if self.attention_norm_out is None else self.attention_norm_out(a))  # (..., T, d_model)
+        f = x if self.feed_forward_norm_in is None else self.feed_forward_norm_in(x)
+        f = self.feed_forward(f)
+        x = x + (f if self.feed_forward_norm_out is None else self.feed_forward_norm_out(f))  # (..., T, d_model)
+        return x, weights
+
+
+class TransformerLM(nn.Module):
+    """A decoder-only language model of today's kind: tokens (B, T) -> logits (B, T, vocab_size).
+
+    forward(tokens, attention_mask=None, *, position_ids=None, cache=None, return_weights=False,
+    head_mask=None). attention_mask: (B, T_all), 1 for real tokens and 0 for padding, over the
+    cached tokens and the new ones (T_all = cache position + T), as in transformers. position_ids:
+    (B, T); default cache position + 0 .. T - 1, as transformers' forward (`generate` derives them
+    from the mask). cache: `new_cache()`, one KVCache per layer, which the forward fills.
+    head_mask: booleans (n_layers, h), False switching a head off.
+    """
+
+    def __init__(self, config, *, device=None, dtype=None):
+        super().__init__()
+        if not isinstance(config, LMConfig):
+            raise TypeError(f"config must be a mha.torch.LMConfig, got {type(config).__name__}")
+        self.config = config
+        options = dict(device=device, dtype=dtype)
+        self.embedding = nn.Embedding(config.vocab_size, config.d_model, **options)
+        self.positions = None if config.max_positions is None else \
+            nn.Embedding(config.max_positions, config.d_model, **options)
+        self.blocks = nn.ModuleList(LMBlock(config, i, **options) for i in range(config.n_layers))
+        self.norm = make_norm(config, **options)
+        self.output = None if config.tie_embeddings else \
+            nn.Linear(config.d_model, config.vocab_size, bias=False, **options)
+
+    @property
+    def n_heads(self):
+        return self.blocks[0].attention.n_heads
+
+    def new_cache(self):
+        """One empty KVCache per layer."""
+        return [KVCache() for _ in self.blocks]
+
+    def forward(self, tokens, attention_mask=None, *, position_ids=None, cache=None, return_weights=False,
+                head_mask=None):
+        check_lm_tokens(tokens, self.config.vocab_size)
+        T = tokens.shape[-1]
+        start = check_cache(cache, len(self.blocks))
+        if position_ids is None:
+            position_ids = torch.arange(start, start + T, device=tokens.device).expand(tokens.shape)  # (B, T)
+        check_positions(position_ids, tokens, self.config.max_positions)
+        keep = check_attention_mask(attention_mask, tokens, start)  # (B, T_all) booleans, or None
+        if head_mask is not None:
+            check_head_mask(head_mask, len(self.blocks), self.n_heads, tokens)
+        x = self.embed(tokens, position_ids)  # (B, T, d_model)
+        rope_positions = None if self.positions is not None else position_ids
+        all_weights = []
+        for i, block in enumerate(self.blocks):
+            layer_cache = None if cache is None else cache[i]
+            mask = layer_mask(keep, layer_cache, head_mask, i)  # (B, 1 or h, 1, T_k) or None
+            x, weights = block(x, mask, cache=layer_cache, positions=rope_positions, return_weights=return_weights)
+            all_weights.append(weights)
+        logits = self.logits(self.norm(x))  # (B, T, V)
+        return (logits, torch.stack(all_weights)) if return_weights else logits
+
+    def embed(self, tokens, position_ids):
+        """Token embeddings (scaled by embedding_scale in Gemma), plus learned positions (GPT-2)."""
+        x = self.embedding(tokens)  # (B, T, d_model)
+        if self.config.embedding_scale is not None:
+            x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)  # rounded to x's dtype, as Gemma does
+        if self.positions is not None:
+            x = x + self.positions(position_ids)  # (B, T, d_model)
+        return x
+
+    def logits(self, h):
+        """The output layer (the embeddings' transpose when tied), then the final soft cap if any."""
+        logits = F.linear(h, self.embedding.weight if self.output is None else self.output.weight)  # (B, T, V)
+        return logits if self.config.final_logit_cap is None else soft_cap(logits, self.config.final_logit_cap)
+
+    @torch.no_grad()
+    def generate(self, prompt, n_new, *, attention_mask=None):
+        """Greedy continuation with the cache: prompt (B, T_0) -> (B, T_0 + n_new), as transformers'
+        generate(do_sample=False, max_new_tokens=n_new), positions derived from the mask."""
+        check_prompt(prompt)
+        n_new = validate.check_int("n_new", n_new, minimum=0)
+        prompt = prompt if prompt.ndim > 1 else prompt[None]  # (B, T_0)
+        mask = torch.ones_like(prompt) if attention_mask is None else attention_mask
+        check_attention_mask(mask, prompt, 0)
+        cache, tokens, new = self.new_cache(), prompt, prompt
+        positions = positions_from_mask(mask)  # (B, T_0)
+        for _ in range(n_new):
+            logits = self(new, mask, position_ids=positions, cache=cache)  # (B, T_new, V)
+            new = logits[:, -1].argmax(dim=-1, keepdim=True).to(prompt.dtype)  # (B, 1)
+            tokens = torch.cat([tokens, new], dim=-1)
+            mask = torch.cat([mask, torch.ones_like(new, dtype=mask.dtype)], dim=-1)  # (B, T_all)
+            positions = positions[:, -1:] + 1  # (B, 1)
+        return tokens
+
+    def numpy_params(self):
+        """The keyword arguments of `mha.numpy.transformer_lm`, weights in the row-vector convention."""
+        config = self.config
+        return {"embedding": numpy(self.embedding.weight),
+                "position_table": None if self.positions is None else numpy(self.positions.weight),
+                "layers": [block_params(block) for block in self.blocks],
+                "norm": norm_params(self.norm), "W_out": None if self.output is None else linear_weight(self.output),
+                "embedding_scale": config.embedding_scale, "final_logit_cap": config.final_logit_cap}
+
+
+def numpy(parameter):
+    return parameter.detach().cpu().numpy()
+
+
+def norm_params(norm):
+    """{"kind": "rms" or "layer", and its weights and eps} for `mha.numpy.transformer_lm`; None stays None."""
+    if norm is None:
+        return None
+    if isinstance(norm, nn.LayerNorm):
+        return {"kind": "layer", "gamma": numpy(norm.weight), "beta": linear_bias(norm), "eps": norm.eps}
+    return {"kind": "rms", **norm.numpy_params()}
+
+
+def block_params(block):
+    """One LMBlock's weights for `mha.numpy.transformer_lm`."""
+    ff = block.feed_forward
+    return {"attention": block.attention.numpy_params(),
+            "feed_forward": {"kind": "mlp", **ff.numpy_params()} if isinstance(ff, FeedForward)
+            else {"kind": "gated", **ff.numpy_params()},
+            **{name: norm_params(getattr(block, name)) for name in
+               ("attention_norm_in", "attention_norm_out", "feed_forward_norm_in", "feed_forward_norm_out")}}
+
+
+def check_lm_tokens(tokens, vocab_size):
+    check_ids("tokens", tokens, vocab_size)
+    if tokens.ndim != 2 or tokens.shape[-1] < 1:
+        raise ValueError(f"tokens must have shape (B, T) with T >= 1, got {validate.shape_str(tokens.shape)}")
+
+
+def check_cache(cache, n_layers):
+    """A cache is one KVCache per layer, all at the same position; returns that position (0 without one)."""
+    if cache is None:
+        return 0
+    if not isinstance(cache, (list, tuple)) or len(cache) != n_layers or \
+            not all(isinstance(c, KVCache) for c in cache):
+        raise TypeError(f"cache must be a list of {n_layers} mha.torch.KVCache (model.new_cache()), "
+                        f"got {type(cache).__name__}")
+    positions = {c.position for c in cache}
+    if len(positions) != 1:
+        raise ValueError(f"the layers' caches are at different positions {sorted(positions)}: use one "
+                         f"model.new_cache() per sequence")
+    return positions.pop()
+
+
+def check_positions(position_ids, tokens, max_positions):
+    if tuple(position_ids.shape) != tuple(tokens.shape) or position_ids.is_floating_point():
+        raise ValueError(f"position_ids must be integers of the tokens' shape {validate.shape_str(tokens.shape)}, "
+                         f"got {position_ids.dtype} of shape {validate.shape_str(position_ids.shape)}")
+    if max_positions is not None and position_ids.numel() and int(position_ids.max()) >= max_positions:
+        raise ValueError(f"position {int(position_ids.max())} is past the learned table's {max_positions} rows")
+
+
+def check_attention_mask(attention_mask, tokens, start):
+    """(B, start + T) of 0 and 1 (or booleans) -> booleans, True for real tokens; None stays None."""
+    if attention_mask is None:
+        return None
+    expected = (*tokens.shape[:-1], start + tokens.shape[-1])
+    if tuple(attention_mask.shape) != expected or attention_mask.is_floating_point():
+        raise ValueError(f"attention_mask must be 0/1 integers or booleans of shape (B, cached + new tokens) = "
+                         f"{expected}, got {attention_mask.dtype} of shape {validate.shape_str(attention_mask.shape)}")
+    if attention_mask.device != tokens.device:
+        raise ValueError(f"attention_mask is on {attention_mask.device}, tokens on {tokens.device}")
+    return attention_mask.bool()
+
+
+def layer_mask(keep, cache, head_mask, i):
+    """The mask of layer i: the keys it holds that are real tokens, (B, 1, 1, T_k), and its heads."""
+    mask = None
+    if keep is not None:
+        first = 0 if cache is None else cache.dropped  # a window's cache no longer holds the oldest keys
+        mask = keep[:, None, None, first:]  # (B, 1, 1, T_k)
+    if head_mask is not None:
+        heads = head_mask[i][:, None, None]  # (h, 1, 1): False = head off
+        mask = heads if mask is None else mask & heads
+    return mask
+
+
+def positions_from_mask(attention_mask):
+    """Positions as transformers' generate() derives them: the count of real tokens before each, 0 on padding."""
+    positions = attention_mask.long().cumsum(-1) - 1  # (B, T)
+    return positions.masked_fill(attention_mask == 0, 0)

@@ -17,6 +17,7 @@ The modules, each importing only those above it:
                attention features of today's models (QK-norm, soft-capping, sliding windows)
     positions  positions added to tokens (learned, sinusoidal) or to the scores (ALiBi)
     model      a decoder-only Transformer (a small GPT), its loss, warm-up and greedy generation
+    lm         transformer_lm: today's decoder-only models (GPT-2, Llama, Qwen, Gemma, OLMo 2) as one function
 Import the face, not the modules: `import mha.numpy as mnp`.
 """
 
@@ -39,6 +40,7 @@ from mha.numpy.grouped import (
 from mha.numpy.model import (
     causal_lm_loss, cross_entropy, decoder_only_transformer, generate_greedy, log_softmax, warmup_factor,
 )
+from mha.numpy.lm import transformer_lm
 from mha.numpy.parts import gated_feed_forward, geglu, rms_norm, silu, soft_cap, swiglu
 from mha.numpy.rotary import apply_rotary, rotary_at, rotary_embedding, rotary_frequencies, rotate_half
 from mha.numpy.positions import (
@@ -66,5 +68,5 @@ __all__ = [
     # model (chapter 11)
     "decoder_only_transformer", "log_softmax", "cross_entropy", "causal_lm_loss", "warmup_factor", "generate_greedy",
     # parts of today's models (chapter 13)
-    "rotary_frequencies", "rotary_at", "rms_norm", "silu", "gated_feed_forward", "swiglu", "geglu", "soft_cap",
+    "transformer_lm", "rotary_frequencies", "rotary_at", "rms_norm", "silu", "gated_feed_forward", "swiglu", "geglu", "soft_cap",
 ]

@@ -193,9 +193,11 @@ class TransformerLM(nn.Module):
         return logits if self.config.final_logit_cap is None else soft_cap(logits, self.config.final_logit_cap)
 
     @torch.no_grad()
-    def generate(self, prompt, n_new, *, attention_mask=None):
-        """Greedy continuation with the cache: prompt (B, T_0) -> (B, T_0 + n_new), as transformers'
-        generate(do_sample=False, max_new_tokens=n_new), positions derived from the mask."""
+    def generate(self, prompt, n_new, *, attention_mask=None, eos_token_id=None, pad_token_id=0):
+        """Greedy continuation with the cache: prompt (B, T_0) -> (B, T_0 + at most n_new), as
+        transformers' generate(do_sample=False, max_new_tokens=n_new): positions derived from the
+        mask; a sequence that wrote eos_token_id continues with pad_token_id, and generation stops
+        early once every sequence has."""
         check_prompt(prompt)
         n_new = validate.check_int("n_new", n_new, minimum=0)
         prompt = prompt if prompt.ndim > 1 else prompt[None]  # (B, T_0)
@@ -203,10 +205,16 @@ class TransformerLM(nn.Module):
         check_attention_mask(mask, prompt, 0)
         cache, tokens, new = self.new_cache(), prompt, prompt
         positions = positions_from_mask(mask)  # (B, T_0)
+        done = torch.zeros(len(prompt), dtype=torch.bool, device=prompt.device)  # (B,)
         for _ in range(n_new):
             logits = self(new, mask, position_ids=positions, cache=cache)  # (B, T_new, V)
             new = logits[:, -1].argmax(dim=-1, keepdim=True).to(prompt.dtype)  # (B, 1)
+            new = new.masked_fill(done[:, None], pad_token_id)
             tokens = torch.cat([tokens, new], dim=-1)
+            if eos_token_id is not None:
+                done = done | (new[:, 0] == eos_token_id)
+                if bool(done.all()):
+                    break
             mask = torch.cat([mask, torch.ones_like(new, dtype=mask.dtype)], dim=-1)  # (B, T_all)
             positions = positions[:, -1:] + 1  # (B, 1)
         return tokens

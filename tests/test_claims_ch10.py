@@ -1,8 +1,8 @@
 """Chapter 10's claims over seeds: every sentence about the trained models holds on every stored seed.
 
 The chapter reads two stored sweeps of mha.experiments.positions (tools/seed_sweeps.py made them
-under generic kernels): `ch10_extrapolation`, the four models trained at length 16 and tested at
-8 to 128, and `ch10_mixed_lengths`, the exercise's models trained on lengths 8 to 16. Each test
+under generic kernels): `ch10_extrapolation`, the five models trained at length 16 (and the RoPE
+one read with dynamic NTK) tested at 8 to 128, and `ch10_mixed_lengths`, the exercise's models trained on lengths 8 to 16. Each test
 below names the sentence it holds up. One row of each sweep is trained again here and must agree
 with the stored one within the sweep's tolerance. The cheap random draws (the test sets, the
 shuffles, the exercise's random layer) are drawn afresh here, 20 times each.
@@ -14,8 +14,8 @@ import torch
 
 import mha.numpy as mnp
 from mha.experiments import seeds
-from mha.experiments.positions import (MIXED_LENGTHS, POSITIONS, TEST_LENGTHS, LastAssignmentTask, held_out,
-                                       lengths_for)
+from mha.experiments.positions import (MIXED_KINDS, MIXED_LENGTHS, POSITIONS, TEST_LENGTHS, LastAssignmentTask,
+                                       held_out, lengths_for)
 
 TASK = LastAssignmentTask()
 SWEEP, MIXED = "ch10_extrapolation", "ch10_mixed_lengths"
@@ -35,7 +35,7 @@ def ceiling():
 
 @pytest.fixture(scope="module")
 def acc():
-    """{kind: {length: accuracy on every stored seed}} for the four models trained at length 16."""
+    """{kind: {length: accuracy on every stored seed}} for the models trained at length 16 (and RoPE stretched)."""
     return {kind: accuracies(SWEEP, kind, TEST_LENGTHS) for kind in POSITIONS}
 
 
@@ -51,6 +51,14 @@ def test_one_row_of_the_mixed_lengths_sweep_is_rederived_within_the_tolerance(on
 
 def test_enough_seeds_are_stored():
     assert len(seeds.load(SWEEP)["rows"]) >= 10 and len(seeds.load(MIXED)["rows"]) >= 10
+
+
+def test_every_row_holds_every_kind():
+    for row in seeds.load(SWEEP)["rows"]:
+        for kind in POSITIONS:
+            assert len(row[kind]) == len(lengths_for(kind, TEST_LENGTHS)), (row["seed"], kind)
+            assert f"last_weight_{kind}" in row and f"other_weight_{kind}" in row, (row["seed"], kind)
+        assert "far_weight_rope" in row and "far_weight_rope_dynamic" in row, row["seed"]
 
 
 def test_the_ceiling_of_a_set_is_about_0_42_at_length_16_on_any_test_set(ceiling):
@@ -111,9 +119,54 @@ def test_alibi_keeps_its_accuracy_at_8_times_the_training_length(acc):
     assert np.abs(alibi[64] - alibi[8]).max() < 0.06  # "at 64 within about 0.05 of its accuracy at 8" (exercise)
 
 
+def test_rope_learns_the_task_as_well_as_the_tables_and_better_than_alibi(acc):
+    """"RoPE learns the task as well as the two tables, seed by seed (never more than 0.01 below the
+    better one), and better than ALiBi on every seed"; "it works at length 8 as well as at 16"."""
+    rope = acc["rope"]
+    tables = np.maximum(acc["learned"][16], acc["sinusoidal"][16])  # the better table, per seed
+    assert rope[16].min() > 0.9  # the chapter's assert
+    assert (rope[16] > tables - 0.01).all() and (rope[16] > acc["alibi"][16]).all()
+    assert (rope[8] > rope[16] - 0.01).all() and rope[8].min() > 0.9
+
+
+def test_rope_past_the_training_length_falls_but_stays_above_the_sinusoids(acc, ceiling):
+    """"Past 16 it is lower at every doubling of the length, on every seed, yet it stays above the ceiling
+    of a set and above the sinusoids. At 64 and 128 it is below ALiBi on every seed"."""
+    rope, longer = acc["rope"], TEST_LENGTHS[1:]
+    for shorter, n in zip(longer, longer[1:]):
+        assert (rope[n] < rope[shorter]).all(), n
+    for n in TEST_LENGTHS[2:]:
+        assert (rope[n] > ceiling[n]).all() and (rope[n] > acc["sinusoidal"][n]).all(), n
+    for n in (64, 128):
+        assert (rope[n] < acc["alibi"][n]).all(), n
+
+
+def test_dynamic_ntk_changes_nothing_up_to_16_and_recovers_part_of_the_loss_beyond(acc):
+    """"the same up to 16. Beyond, it is better than plain RoPE at 64 and 128 by at least 0.15 on every
+    seed ... At 32 it raises the median, though not on every seed ... at 128 it is below ALiBi on every seed"."""
+    rope, stretched = acc["rope"], acc["rope_dynamic"]
+    for n in (8, 16):
+        assert np.array_equal(stretched[n], rope[n]), n
+    for n in (64, 128):
+        assert (stretched[n] > rope[n] + 0.15).all(), n
+    assert np.median(stretched[32]) > np.median(rope[32])
+    assert (stretched[32] < rope[32]).any()  # "though not on every seed": the sentence must stay true
+    assert (stretched[128] < acc["alibi"][128]).all()
+    for key in ("last_weight", "other_weight"):  # the figure's sequence at 16: the same weights
+        assert np.array_equal(seeds.column(SWEEP, f"{key}_rope_dynamic"), seeds.column(SWEEP, f"{key}_rope"))
+
+
+def test_at_128_plain_rope_looks_mostly_at_unseen_distances_and_dynamic_ntk_less_than_half():
+    """"more than three quarters of its weight to keys farther back than any distance of training, on every
+    seed, not far from an even spread"; with dynamic NTK "its weight on the unseen distances falls below one half"."""
+    plain, stretched = seeds.column(SWEEP, "far_weight_rope"), seeds.column(SWEEP, "far_weight_rope_dynamic")
+    assert plain.min() > 0.75 and plain.max() < 112 / 128  # an even spread over 128 keys gives 112 / 128
+    assert stretched.max() < 0.5 and (stretched < plain).all()
+
+
 def test_with_positions_the_last_assignment_gets_the_most_weight_on_every_seed():
     """The figure's sequence: averaged over the heads, the last assignment gets more than any other token."""
-    for kind in ("learned", "sinusoidal", "alibi"):
+    for kind in ("learned", "sinusoidal", "alibi", "rope"):
         last, other = seeds.column(SWEEP, f"last_weight_{kind}"), seeds.column(SWEEP, f"other_weight_{kind}")
         assert (last > other).all(), kind
 
@@ -128,7 +181,7 @@ def test_alibi_s_steepest_head_gives_the_last_assignment_most_of_its_weight():
 
 def test_the_mixed_lengths_exercise_holds_on_every_seed(ceiling):
     """The exercise's asserts, and its solution: the mix cures length 8, not lengths past 16."""
-    mixed = {kind: accuracies(MIXED, kind, MIXED_LENGTHS) for kind in POSITIONS[1:]}  # the kinds with positions
+    mixed = {kind: accuracies(MIXED, kind, MIXED_LENGTHS) for kind in MIXED_KINDS}  # learned, sinusoidal, alibi
     assert mixed["learned"][8].min() > 0.85 and mixed["sinusoidal"][8].min() > 0.85  # the exercise's asserts
     assert mixed["sinusoidal"][64].max() < 0.3 and mixed["alibi"][64].min() > 0.8
     for kind in ("learned", "sinusoidal"):  # "about as well at 8 and 12 as at 16"

@@ -3,19 +3,22 @@
 - `LastAssignmentTask`: a sequence of assignments such as "b=5", then a question "b?";
   the answer is the value of the **last** assignment to that variable. Shuffle the
   assignments and the answer changes: the task depends on order.
-- `RecallModel`: token embeddings, positions (none, learned, sinusoidal or ALiBi), one
+- `RecallModel`: token embeddings, positions (none, learned, sinusoidal, ALiBi or RoPE), one
   `mha.torch.MultiHeadAttention` whose only query is the question, and a linear readout.
+  "rope_dynamic" is RoPE read with dynamic NTK scaling beyond the training length
+  (`stretched_rope` turns a trained "rope" model into one).
 - `train_recall`: train one model with Adam and cross-entropy; `accuracy` measures it at
   any length, including lengths longer than those it was trained on.
 - Two sweeps over seeds (`mha.experiments.seeds`), whose stored tables the chapter reads:
-  `extrapolation` ("ch10_extrapolation", the four models trained at length 16 and tested at
-  every length of TEST_LENGTHS) and `mixed_lengths` ("ch10_mixed_lengths", the three kinds with
-  positions trained on lengths 8 to 16, for the exercise).
+  `extrapolation` ("ch10_extrapolation", the five models trained at length 16, and the RoPE one
+  stretched by dynamic NTK, tested at every length of TEST_LENGTHS) and `mixed_lengths`
+  ("ch10_mixed_lengths", the three kinds of MIXED_KINDS trained on lengths 8 to 16, for the exercise).
 
 Everything is seeded: the same arguments give the same model on the same machine.
 Training amplifies rounding, so another CPU may print other last digits.
 """
 
+import copy
 import string
 from dataclasses import dataclass
 
@@ -27,7 +30,13 @@ from torch import nn
 import mha.torch as mt
 from mha.experiments import seeds
 
-POSITIONS = ("none", "learned", "sinusoidal", "alibi")
+POSITIONS = ("none", "learned", "sinusoidal", "alibi", "rope", "rope_dynamic")
+MIXED_KINDS = ("learned", "sinusoidal", "alibi")  # the kinds of the exercise's sweep, ch10_mixed_lengths
+# RoPE's base: the slowest of the 4 pairs of a head (d_head = 8) turns at 100^(-3/4) = 0.032 radians per
+# position, less than one full turn (2 pi) over the 128 positions of the longest test, so that no two
+# distances up to 128 look alike. With Llama's 10000, the two slowest pairs would turn by less than 0.2
+# and 0.02 radians over the 16 positions of training: almost nothing to learn from.
+ROPE_BASE = 100.0
 
 
 @dataclass(frozen=True)
@@ -93,16 +102,19 @@ class RecallModel(nn.Module):
     """Embeddings, positions, one attention layer read at the question, a linear readout.
 
     positions: "none", "learned" (a `LearnedPositions` table of max_len rows, scaled to
-    a standard deviation of 0.1 like the embeddings), "sinusoidal" (`SinusoidalPositions`)
-    or "alibi" (`alibi_bias` on the scores, Press et al.'s slopes). forward(tokens (B, T))
-    returns logits (B, n_values) for the answer to the question at the last position.
+    a standard deviation of 0.1 like the embeddings), "sinusoidal" (`SinusoidalPositions`),
+    "alibi" (`alibi_bias` on the scores, Press et al.'s slopes), "rope" (the query and the keys
+    rotated by `rotary_embedding` with `rope_base`), or "rope_dynamic" (the same, with dynamic
+    NTK scaling past max_len: `dynamic_ntk`). forward(tokens (B, T)) returns logits
+    (B, n_values) for the answer to the question at the last position.
     """
 
-    def __init__(self, task, positions, *, d_model=32, n_heads=4, max_len=16):
+    def __init__(self, task, positions, *, d_model=32, n_heads=4, max_len=16, rope_base=ROPE_BASE):
         super().__init__()
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
-        self.kind = positions
+        self.kind, self.max_len, self.rope_base = positions, max_len, float(rope_base)
+        self.rope_scaling = dynamic_ntk(max_len) if positions == "rope_dynamic" else None
         self.embed = nn.Embedding(task.vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=0.1)
         self.positions = None
@@ -120,10 +132,46 @@ class RecallModel(nn.Module):
         if self.positions is not None:
             x = self.positions(x)
         T = x.shape[-2]
-        bias = mt.alibi_bias(1, T, self.slopes) if self.kind == "alibi" else None  # (h, 1, T)
-        out, weights = self.attention(x[..., -1:, :], context=x, bias=bias, return_weights=True)  # (B, 1, d)
+        if self.kind.startswith("rope"):
+            out, weights = self.rotary_attention(x)  # (B, 1, d), (B, h, 1, T)
+        else:
+            bias = mt.alibi_bias(1, T, self.slopes) if self.kind == "alibi" else None  # (h, 1, T)
+            out, weights = self.attention(x[..., -1:, :], context=x, bias=bias, return_weights=True)  # (B, 1, d)
         logits = self.readout(out[..., 0, :])  # (B, n_values)
         return (logits, weights[..., 0, :]) if return_weights else logits
+
+    def rotary_attention(self, x):
+        """The attention layer with RoPE: the question's query (position T - 1) and every key
+        (positions 0 to T - 1) rotated by their positions; the values are left alone.
+        x (B, T, d_model) -> out (B, 1, d_model), weights (B, h, 1, T)."""
+        layer, h = self.attention, self.attention.n_heads
+        cos, sin = mt.rotary_embedding(x.shape[-2], x.shape[-1] // h, self.rope_base, dtype=x.dtype,
+                                       device=x.device, scaling=self.rope_scaling)  # (T, d_head) each
+        q = mt.apply_rotary(mt.split_heads(layer.W_q(x[..., -1:, :]), h), cos[-1:], sin[-1:])  # (B, h, 1, d_head)
+        k = mt.apply_rotary(mt.split_heads(layer.W_k(x), h), cos, sin)  # (B, h, T, d_head)
+        v = mt.split_heads(layer.W_v(x), h)  # (B, h, T, d_head)
+        out, weights = mt.scaled_dot_product_attention(q, k, v)  # (B, h, 1, d_head), (B, h, 1, T)
+        return layer.W_o(mt.merge_heads(out)), weights  # (B, 1, d_model)
+
+
+def dynamic_ntk(max_len):
+    """Dynamic NTK scaling (transformers' rope_parameters) for a model trained at length max_len.
+
+    Up to max_len it changes nothing. At a length T beyond, it raises the base so that the
+    slowest pair turns over T positions as far as it turned over max_len (factor 1), while the
+    fastest pair keeps its speed; the pairs between are slowed by less and less."""
+    return {"rope_type": "dynamic", "factor": 1.0, "max_position_embeddings": max_len}
+
+
+def stretched_rope(model):
+    """A trained "rope" `RecallModel`, read with dynamic NTK scaling: the same weights, kind "rope_dynamic"."""
+    if not isinstance(model, RecallModel):
+        raise TypeError(f"expected a RecallModel with positions 'rope', got a {type(model).__name__}")
+    if model.kind != "rope":
+        raise ValueError(f"expected a RecallModel with positions 'rope', got {model.kind!r}")
+    stretched = copy.deepcopy(model)
+    stretched.kind, stretched.rope_scaling = "rope_dynamic", dynamic_ntk(model.max_len)
+    return stretched
 
 
 @dataclass
@@ -169,6 +217,16 @@ def accuracy(model, task, T, n=1000, seed=123):
         return (model(tokens).argmax(-1) == answers).float().mean().item()
 
 
+def weight_beyond(model, task, T, distance=15):
+    """The question's weight on the keys more than `distance` positions before it, averaged over
+    the heads and the chapter's test set at length T. Trained at length 16, a model saw distances
+    up to 15 only."""
+    tokens, _ = held_out(task, T)  # (1000, T)
+    with torch.no_grad():
+        _, weights = model(tokens, return_weights=True)  # (1000, h, T)
+    return weights[..., :max(T - 1 - distance, 0)].sum(-1).mean().item()  # key j is T - 1 - j back
+
+
 TEST_LENGTHS = (8, 16, 32, 64, 128)  # where chapter 10 tests models trained at length 16
 MIXED_LENGTHS = (8, 12, 16, 32, 64)  # where its exercise tests models trained on lengths 8 to 16
 
@@ -180,7 +238,8 @@ def lengths_for(kind, lengths, max_len=16):
 
 @seeds.sweep("ch10_extrapolation", seeds=range(10), tolerance=0.05)
 def extrapolation(seed):
-    """Chapter 10's four models, trained by `train_recall` at length 16 from `seed`.
+    """Chapter 10's five models, trained by `train_recall` at length 16 from `seed`, and the RoPE
+    one read with dynamic NTK scaling ("rope_dynamic", `stretched_rope`: no training of its own).
 
     Each kind of POSITIONS gives its accuracy (`accuracy`, 1000 held-out sequences) at each of
     `lengths_for(kind, TEST_LENGTHS)`, under the kind's name. On the first held-out sequence
@@ -188,7 +247,9 @@ def extrapolation(seed):
     on the last assignment to its key, averaged over the heads, and `other_weight_<kind>` the
     largest weight on any other token; `alibi_heads_on_last` is that weight in each ALiBi head
     (slopes 1/4 to 1/256). `none_shuffle_gap` is the largest change of the logits of the model
-    without positions when the assignments of all 1000 sequences are shuffled.
+    without positions when the assignments of all 1000 sequences are shuffled. `far_weight_rope`
+    and `far_weight_rope_dynamic` are `weight_beyond` at length 128: the weight on distances
+    never seen in training.
     """
     task = LastAssignmentTask()
     tokens, _ = held_out(task, 16)  # (1000, 16)
@@ -197,7 +258,10 @@ def extrapolation(seed):
     shuffled = torch.cat([tokens[:, :-1][:, shuffle], tokens[:, -1:]], dim=-1)
     row = {}
     for kind in POSITIONS:
-        model = train_recall(task, kind, T=16, seed=seed).model
+        if kind == "rope_dynamic":  # the "rope" model just trained (POSITIONS lists it first), stretched
+            model = stretched_rope(model)
+        else:
+            model = train_recall(task, kind, T=16, seed=seed).model
         row[kind] = [accuracy(model, task, n) for n in lengths_for(kind, TEST_LENGTHS)]
         with torch.no_grad():
             _, weights = model(tokens[:1], return_weights=True)  # (1, h, T)
@@ -208,18 +272,20 @@ def extrapolation(seed):
         row[f"other_weight_{kind}"] = torch.cat([averaged[:last], averaged[last + 1:]]).max().item()
         if kind == "alibi":
             row["alibi_heads_on_last"] = weights[0, :, last].tolist()  # (h,)
+        if kind.startswith("rope"):
+            row[f"far_weight_{kind}"] = weight_beyond(model, task, max(TEST_LENGTHS))
     return row
 
 
 @seeds.sweep("ch10_mixed_lengths", seeds=range(10), tolerance=0.05)
 def mixed_lengths(seed):
-    """The three kinds with positions, trained by `train_recall` on the lengths 8 to 16 in turn.
+    """The three kinds of MIXED_KINDS, trained by `train_recall` on the lengths 8 to 16 in turn.
 
     For each kind, its accuracy at each of `lengths_for(kind, MIXED_LENGTHS)`, under its name.
     """
     task = LastAssignmentTask()
     row = {}
-    for kind in POSITIONS[1:]:
+    for kind in MIXED_KINDS:
         model = train_recall(task, kind, T=tuple(range(8, 17)), seed=seed).model
         row[kind] = [accuracy(model, task, n) for n in lengths_for(kind, MIXED_LENGTHS)]
     return row

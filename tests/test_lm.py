@@ -134,7 +134,7 @@ def test_decoding_with_the_cache_equals_the_whole_sequence(family):
     model = hf_model(family)
     ours = mt.from_transformers(model)
     tokens, mask = padded_batch()
-    cache = ours.new_cache()
+    cache = []  # an empty list: the first forward fills it with one KVCache per layer
     with torch.no_grad():
         steps = [ours(tokens[:, :5], mask[:, :5], cache=cache)]
         steps += [ours(tokens[:, t:t + 1], mask[:, :t + 1], cache=cache) for t in range(5, T)]

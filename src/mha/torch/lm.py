@@ -130,7 +130,8 @@ class TransformerLM(nn.Module):
     head_mask=None). attention_mask: (B, T_all), 1 for real tokens and 0 for padding, over the
     cached tokens and the new ones (T_all = cache position + T), as in transformers. position_ids:
     (B, T); default cache position + 0 .. T - 1, as transformers' forward (`generate` derives them
-    from the mask). cache: `new_cache()`, one KVCache per layer, which the forward fills.
+    from the mask). cache: `new_cache()` (or an empty list, filled), one KVCache per layer, which
+    the forward fills; a layer with a sliding window keeps only its window.
     head_mask: booleans (n_layers, h), False switching a head off.
     """
 
@@ -259,9 +260,12 @@ def check_lm_tokens(tokens, vocab_size):
 
 
 def check_cache(cache, n_layers):
-    """A cache is one KVCache per layer, all at the same position; returns that position (0 without one)."""
+    """A cache is one KVCache per layer, all at the same position; returns that position (0 without one).
+    An empty list is filled with one empty KVCache per layer."""
     if cache is None:
         return 0
+    if isinstance(cache, list) and not cache:
+        cache.extend(KVCache() for _ in range(n_layers))
     if not isinstance(cache, (list, tuple)) or len(cache) != n_layers or \
             not all(isinstance(c, KVCache) for c in cache):
         raise TypeError(f"cache must be a list of {n_layers} mha.torch.KVCache (model.new_cache()), "

@@ -20,7 +20,8 @@ from benchmarks import generation, gpu, harness, memory, speed, sweeps  # noqa: 
 
 RESULTS = ROOT / "src" / "mha" / "benchmark_results"
 STORED = ["mha_vs_pytorch", "encoder_vs_pytorch", "numpy_vs_pytorch", "causal", "sweep_T", "sweep_h",
-          "loop_vs_fused", "memory", "generation", "kv_cache_memory", "gqa_vs_pytorch"]
+          "loop_vs_fused", "memory", "generation", "kv_cache_memory", "gqa_vs_pytorch", "decoding_vs_transformers",
+          "generate_vs_transformers"]
 
 
 def positive(value):
@@ -132,8 +133,80 @@ def test_the_generation_tables_time_the_librarys_grouped_attention_and_cache(mon
     assert calls["forward"] >= rows * (size["rounds"] + size["warmup"])
 
 
+def test_the_decoding_table_times_our_layers_and_cache_against_llamas(monkeypatch):
+    """Counting calls: every timed step runs GroupedQueryAttention.forward with a KVCache on our side,
+    and LlamaAttention.forward with a DynamicCache or a StaticCache on the other."""
+    from transformers import DynamicCache, StaticCache
+    from transformers.models.llama import modeling_llama as llama
+
+    calls = {"ours": 0, "DynamicCache": 0, "StaticCache": 0}
+    ours, theirs = mt.GroupedQueryAttention.forward, llama.LlamaAttention.forward
+
+    def counted_ours(self, *args, **kwargs):
+        calls["ours"] += isinstance(kwargs.get("cache"), mt.KVCache)
+        return ours(self, *args, **kwargs)
+
+    def counted_theirs(self, *args, **kwargs):
+        cache = kwargs.get("past_key_values")
+        if isinstance(cache, (DynamicCache, StaticCache)):
+            calls[type(cache).__name__] += 1
+        return theirs(self, *args, **kwargs)
+
+    monkeypatch.setattr(mt.GroupedQueryAttention, "forward", counted_ours)
+    monkeypatch.setattr(llama.LlamaAttention, "forward", counted_theirs)
+    size, threads = generation.TINY, torch.get_num_threads()
+    generation.decoding_table(size)
+    # per T: a prefill, the decode compared, the timed rounds and one decode after rewinding
+    steps = size["dec_steps"] * (1 + size["dec_rounds"] + size["warmup"] + 1) + 1
+    assert calls == {name: len(size["dec_Ts"]) * size["gen_layers"] * steps for name in calls}
+    assert torch.get_num_threads() == threads  # one thread while timing, then as before
+
+
+def test_the_generate_table_times_our_model_against_generate(monkeypatch):
+    calls = {"ours": 0, "theirs": 0}
+    ours = mt.TransformerLM.generate
+    from transformers import LlamaForCausalLM
+    theirs = LlamaForCausalLM.generate
+
+    def counted_ours(self, *args, **kwargs):
+        calls["ours"] += 1
+        return ours(self, *args, **kwargs)
+
+    def counted_theirs(self, *args, **kwargs):
+        calls["theirs"] += 1
+        return theirs(self, *args, **kwargs)
+
+    monkeypatch.setattr(mt.TransformerLM, "generate", counted_ours)
+    monkeypatch.setattr(LlamaForCausalLM, "generate", counted_theirs)
+    size = generation.TINY
+    generation.generate_table(size)
+    per_T = 1 + size["lm_rounds"] + size["warmup"]  # the call compared, then the rounds
+    assert calls == {"ours": len(size["lm_Ts"]) * per_T, "theirs": 2 * len(size["lm_Ts"]) * per_T}
+
+
+def check_ratio_columns(row, ratio, low, high):
+    """A median ratio of rounds lies between their smallest and largest, all positive."""
+    assert positive(row[low]) and row[low] <= row[ratio] <= row[high], row
+
+
 def test_generation_tables_run_at_tiny_size(generation_tables):
-    assert list(generation_tables) == ["generation", "kv_cache_memory", "gqa_vs_pytorch"]
+    assert list(generation_tables) == ["generation", "kv_cache_memory", "gqa_vs_pytorch", "decoding_vs_transformers",
+                                       "generate_vs_transformers"]
+    decoding = generation_tables["decoding_vs_transformers"]
+    assert [row["T"] for row in decoding.rows] == list(generation.TINY["dec_Ts"])
+    assert decoding.settings["threads"] == 1 and decoding.settings["rounds"] == generation.TINY["dec_rounds"]
+    for row in decoding.rows:
+        assert all(positive(row[c]) for c in decoding.columns if c.endswith("(ms/token)"))
+        check_ratio_columns(row, "ours / DynamicCache", "min", "max")
+        check_ratio_columns(row, "ours / StaticCache", "min (static)", "max (static)")
+        assert row["target"] == "<= 1.00" and row["met"] == ("yes" if row["ours / DynamicCache"] <= 1 else "NO")
+    whole = generation_tables["generate_vs_transformers"]
+    assert [(row["prompt T"], row["new tokens"]) for row in whole.rows] == \
+        [(T, generation.TINY["lm_new"]) for T in generation.TINY["lm_Ts"]]
+    for row in whole.rows:
+        assert all(positive(row[c]) for c in whole.columns if c.endswith("(ms/token)"))
+        check_ratio_columns(row, "ours / generate()", "min", "max")
+        check_ratio_columns(row, "ours / generate(static)", "min (static)", "max (static)")
     rows = generation_tables["generation"].rows
     assert [row["T"] for row in rows] == list(generation.TINY["gen_Ts"])
     for row in rows:
@@ -160,6 +233,25 @@ def test_stored_generation_table_shows_the_cache_winning_more_as_T_grows():
         assert positive(row["without cache (ms/token)"]) and positive(row["with cache (ms/token)"])
     assert {k: record["settings"][k] for k in ("layers", "n_heads", "n_kv_heads", "batch")} == \
         {"layers": 4, "n_heads": 8, "n_kv_heads": 2, "batch": 1}
+
+
+def test_stored_decoding_table_compares_every_context_length_over_enough_rounds():
+    record = json.loads((RESULTS / "decoding_vs_transformers.json").read_text())
+    assert [row["T"] for row in record["rows"]] == list(generation.FULL["dec_Ts"]) == [64, 512, 2048]
+    assert {k: record["settings"][k] for k in ("layers", "d_model", "n_heads", "n_kv_heads", "batch", "threads")} == \
+        {"layers": 4, "d_model": 256, "n_heads": 8, "n_kv_heads": 2, "batch": 1, "threads": 1}
+    assert record["settings"]["rounds"] >= 7 and record["settings"]["dtype"] == "float32"
+    for row in record["rows"]:
+        assert all(positive(row[c]) for c in record["columns"] if c.endswith("(ms/token)"))
+        check_ratio_columns(row, "ours / DynamicCache", "min", "max")
+        check_ratio_columns(row, "ours / StaticCache", "min (static)", "max (static)")
+        assert row["met"] == ("yes" if row["ours / DynamicCache"] <= 1.0 else "NO")
+    assert "target: ours / DynamicCache <= 1.00" in record["notes"]
+    whole = json.loads((RESULTS / "generate_vs_transformers.json").read_text())
+    assert [row["prompt T"] for row in whole["rows"]] == list(generation.FULL["lm_Ts"])
+    assert whole["settings"]["rounds"] >= 7 and whole["settings"]["threads"] == 1
+    for row in whole["rows"]:
+        check_ratio_columns(row, "ours / generate()", "min", "max")
 
 
 def test_stored_kv_cache_memory_measures_exactly_the_formula():

@@ -49,7 +49,8 @@ class KVCache:
         returns all keys and values, (..., h_kv, T_cached + T_new, d)."""
         check_is_tensor("k", k)
         check_is_tensor("v", v)
-        validate.check_cache_entries(self.keys, self.values, k, v)
+        if not self.fits(k, v):
+            validate.check_cache_entries(self.keys, self.values, k, v)  # the full checks, naming what differs
         if self.keys is None:
             self.keys, self.values = k, v
         else:
@@ -58,6 +59,14 @@ class KVCache:
             self.keys = torch.cat([self.keys, k], dim=-2)  # (..., h_kv, T_cached + T_new, d)
             self.values = torch.cat([self.values, v], dim=-2)
         return self.keys, self.values
+
+    def fits(self, k, v):
+        """Whether new keys and values fit the cached ones, tested with a few comparisons (the
+        question asked once per layer and token); `validate.check_cache_entries` says why not."""
+        keys, values = self.keys, self.values
+        return keys is not None and k.dim() >= 3 and k.shape[:-1] == v.shape[:-1] and \
+            keys.shape[:-2] == k.shape[:-2] and keys.shape[-1] == k.shape[-1] and \
+            values.shape[-1] == v.shape[-1] and k.dtype == keys.dtype and v.dtype == values.dtype
 
 
 def kv_cache_bytes(n_layers, n_kv_heads, d_head, T, *, batch=1, bytes_per_value=2):

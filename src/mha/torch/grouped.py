@@ -104,9 +104,26 @@ def grouped_attention(q, keys, values, T_past, *, causal=False, mask=None, windo
     if explicit:
         return scaled_dot_product_attention(q, repeat_kv(keys, n_rep), repeat_kv(values, n_rep), mask,
                                             scale=scale, logit_cap=logit_cap)
+    if T_new == 1 and n_rep > 1:  # one new token: a single query per head sees every held key
+        return one_query_per_head(q, keys, values, mask, scale), None
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=kernel_causal, scale=scale,
                                          enable_gqa=n_rep > 1)  # (..., h, T_new, d_head)
     return out, None
+
+
+def one_query_per_head(q, keys, values, mask=None, scale=None):
+    """Attention of one new query per head, (..., h, 1, d_head), over grouped keys and values
+    (..., h_kv, T_k, d_head), with no causal mask to apply: the n_rep query heads of a group become
+    n_rep queries of its key/value head. Every key is then read once per group, where PyTorch's
+    enable_gqa repeats the keys and values n_rep times (transformers' pack_gqa does the same).
+    mask: booleans broadcasting to (..., h, 1, T_k). Returns out (..., h, 1, d_head)."""
+    *batch, h, _, d_head = q.shape
+    h_kv = keys.shape[-3]
+    q = q.reshape(*batch, h_kv, h // h_kv, d_head)  # (..., h_kv, n_rep, d_head): head j is group j // n_rep
+    if mask is not None and mask.dim() >= 3 and mask.shape[-3] == h:  # one mask row per head
+        mask = mask.reshape(*mask.shape[:-3], h_kv, h // h_kv, mask.shape[-1])  # (..., h_kv, n_rep, T_k)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)  # (..., h_kv, n_rep, d_head)
+    return out.reshape(*batch, h, 1, d_head)  # (..., h, 1, d_head)
 
 
 class GroupedQueryAttention(nn.Module):
@@ -167,15 +184,13 @@ class GroupedQueryAttention(nn.Module):
         """x: (..., T, d_model). mask: booleans broadcasting to (..., h, T, T_k), T_k the keys held
         after this call (with a cache: its held positions, then the T new ones). positions: integer
         (..., T), the RoPE positions of the new tokens (default cache.position + 0 .. T - 1)."""
-        check_input(self, "x", x, self.d_model)
+        check_input(self, "x", x, self.d_model, weight=self.W_q.weight)
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a mha.torch.KVCache, got {type(cache).__name__}")
         q, k, v = self.project(x)  # (..., h, T, d_head), (..., h_kv, T, d_head) twice
         T_past = 0 if cache is None else len(cache)
-        if self.rotary is not None:
-            start = 0 if cache is None else cache.position
-            cos, sin = self.rotary(x.shape[-2], start, positions, q.dtype, q.device)  # (T, d) or (..., 1, T, d)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.rotary is not None:  # apply_rotary with this layer's stored tables
+            q, k = self.rotary.rotate(q, k, 0 if cache is None else cache.position, positions)
         elif positions is not None:
             raise ValueError("positions are RoPE's positions, but this layer has no RoPE (rope_base=None)")
         keys, values = (k, v) if cache is None else cache.append(k, v)  # (..., h_kv, T_past + T, d_head)

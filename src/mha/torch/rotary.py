@@ -21,8 +21,6 @@ def check_even_width(name, d_head):
                          f"in pairs: d_head must be even")
 
 
-
-
 def rotary_embedding(T, d_head, base=10000.0, offset=0, *, dtype=None, device=None, scaling=None):
     """The rotation tables (cos, sin), each (T, d_head), for positions offset .. offset + T - 1.
 
@@ -67,7 +65,19 @@ def apply_rotary(x, cos, sin):
                              f"(T={x.shape[-2]}) and one column per feature (d_head={x.shape[-1]})")
         if table.device != x.device:
             raise ValueError(f"{name} is on {table.device}, x on {x.device}: make the tables with device=x.device")
-    return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+    return rotated(x, cos.to(x.dtype), sin.to(x.dtype))
+
+
+def rotated(x, cos, sin):
+    """`apply_rotary` without its checks, for tables that a caller made to fit x."""
+    return x * cos + rotate_half(x) * sin
+
+
+def rotated_by_signed_sin(x, cos, signed_sin):
+    """x * cos + rotate_half(x) * sin in four kernels instead of five: rotate_half(x) * sin is
+    roll(x) * signed_sin, the halves of x swapped by one roll (rotate_half's neg and cat), and
+    its minus sign moved into the table (-sin on the first half), which changes no bit."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 def rotary_frequencies(d_head, base=10000.0, scaling=None, *, seq_len=None, dtype=None, device=None):
@@ -128,53 +138,96 @@ class RotaryTables:
     positions 0 .. L - 1 with L doubled when a longer sequence comes, then sliced at each call.
 
     Decoding asks for one position per step; slicing a stored table costs nothing, where
-    building it costs a dozen small kernels. Dynamic NTK's frequencies change with the length,
-    so it builds the rows it is asked for, keyed on nothing. Equal, row for row, to
-    `rotary_embedding`, whose operations it runs.
+    building it costs a dozen small kernels. Integer `positions` on the CPU pick their rows from
+    the tables too; elsewhere (reading the largest would make the CPU wait for the device) they
+    are computed. Dynamic NTK's frequencies change with the length, so it builds the rows it is
+    asked for, keyed on nothing. Equal, row for row, to `rotary_embedding`, whose operations it
+    runs. `rotate(q, k, ...)` turns a layer's queries and keys, as `apply_rotary` does.
     """
+
+    GATHERED_POSITIONS = 1 << 16  # positions beyond are computed, not stored
 
     def __init__(self, d_head, base=10000.0, scaling=None):
         self.d_head, self.base = validate.check_int("d_head", d_head), validate.check_base(base)
         check_even_width("the rotary table", self.d_head)
         self.scaling = rope_scaling.check_rope_scaling(scaling)
         self.dynamic = self.scaling is not None and self.scaling["rope_type"] == "dynamic"
-        self.tables = {}  # (device, dtype) -> (cos, sin), each (L, d_head)
+        self.tables = {}  # (device, dtype) -> cos, signed sin (L, d_head), and the signs (d_head,)
+        self.frequencies = {}  # (device, dtype) -> (inv_freq (d/2,), attention factor), for `at`
 
     def __call__(self, T, start=0, positions=None, dtype=torch.float32, device=None):
         """(cos, sin) for the new tokens: (T, d_head) for positions start .. start + T - 1, or
         (..., 1, T, d_head), one row per head to broadcast over, for integer `positions` (..., T)."""
+        return self.rows(T, start, positions, dtype, device)
+
+    def rotate(self, q, k, start=0, positions=None):
+        """q (..., h, T, d_head) and k (..., h_kv, T, d_head) turned by their positions, start ..
+        start + T - 1 or the integer `positions` (..., T): what apply_rotary(q, cos, sin) and
+        apply_rotary(k, cos, sin) give with this layer's tables, in fewer kernels."""
+        cos, signed_sin = self.rows(q.shape[-2], start, positions, q.dtype, q.device, signed=True)
+        return rotated_by_signed_sin(q, cos, signed_sin), rotated_by_signed_sin(k, cos, signed_sin)
+
+    def rows(self, T, start, positions, dtype, device, signed=False):
+        """(cos, sin) as `__call__` gives them; with `signed`, (cos, signed sin): sin with the
+        first half of each row negated, for `rotated_by_signed_sin`."""
         if positions is not None:
-            return self.at(positions, T, dtype, device)
+            return self.at(positions, T, dtype, device, signed)
         if self.dynamic:
-            return rotary_embedding(T, self.d_head, self.base, start, dtype=dtype, device=device, scaling=self.scaling)
-        cos, sin = self.table(start + T, dtype, device)  # (L, d_head), L >= start + T
-        return cos[start:start + T], sin[start:start + T]  # (T, d_head), views
+            cos, sin = rotary_embedding(T, self.d_head, self.base, start, dtype=dtype, device=device,
+                                        scaling=self.scaling)  # (T, d_head)
+            return cos, sin * self.table(1, dtype, device)[2] if signed else sin
+        cos, signed_sin, signs = self.table(start + T, dtype, device)  # (L, d_head), L >= start + T
+        cos, signed_sin = cos[start:start + T], signed_sin[start:start + T]  # (T, d_head), views
+        return cos, signed_sin if signed else signed_sin * signs  # the signs undone: sin, bit for bit
 
     def table(self, length, dtype, device):
-        """The stored tables, grown to at least `length` rows."""
+        """The stored tables, grown to at least `length` rows: cos and signed sin, (L, d_head), and
+        the signs (d_head,), -1 on the first half and 1 on the second (signed sin = sin * signs)."""
         key = (torch.device(device) if device is not None else torch.device("cpu"), dtype)
-        cos, sin = self.tables.get(key, (None, None))
-        if cos is None or len(cos) < length:
-            rows = max(length, 2 * (0 if cos is None else len(cos)), 64)
+        tables = self.tables.get(key)
+        if tables is None or len(tables[0]) < length:
+            rows = max(length, 2 * (0 if tables is None else len(tables[0])), 64)
             cos, sin = rotary_embedding(rows, self.d_head, self.base, dtype=dtype, device=device,
                                         scaling=self.scaling)  # (rows, d_head)
-            self.tables[key] = cos, sin
-        return cos, sin
+            half = self.d_head // 2
+            signs = torch.ones(self.d_head, dtype=dtype, device=device)
+            signs[:half] = -1
+            tables = self.tables[key] = cos, sin * signs, signs
+        return tables
 
-    def at(self, positions, T, dtype, device):
-        """The tables at integer positions (..., T): (..., 1, T, d_head)."""
+    def at(self, positions, T, dtype, device, signed=False):
+        """The tables at integer positions (..., T): (cos, sin), or (cos, signed sin) with
+        `signed`, each (..., 1, T, d_head)."""
         check_is_tensor("positions", positions)
         if positions.is_floating_point() or positions.dtype == torch.bool or positions.shape[-1:] != (T,):
             raise ValueError(f"positions must be integers of shape (..., T) with T={T} (one per new token), "
                              f"got dtype {positions.dtype} and shape {validate.shape_str(positions.shape)}")
         if positions.device != torch.device(device if device is not None else "cpu"):
             raise ValueError(f"positions are on {positions.device}, the queries on {device}: move them with .to()")
-        seq_len = int(positions.max()) + 1 if self.dynamic else None  # dynamic NTK reads the length
-        inv_freq, factor = rotary_frequencies(self.d_head, self.base, self.scaling, seq_len=seq_len, dtype=dtype,
-                                              device=device)  # (d/2,)
+        if positions.device.type == "cpu" and not self.dynamic and positions.numel():
+            low, high = (int(end) for end in positions.aminmax())
+            if 0 <= low and high < self.GATHERED_POSITIONS:
+                cos, signed_sin, signs = self.table(high + 1, dtype, device)  # (L, d_head), L > high
+                rows = positions.long()  # row numbers (an index of uint8 would be read as a mask)
+                sin = signed_sin[rows] if signed else signed_sin[rows] * signs  # (..., T, d_head)
+                return cos[rows][..., None, :, :], sin[..., None, :, :]  # (..., 1, T, d_head)
+        inv_freq, factor = self.frequencies_for(positions, dtype, device)  # (d/2,)
         angles = positions.to(inv_freq.dtype)[..., None] * inv_freq  # (..., T, d/2)
         angles = torch.cat([angles, angles], dim=-1)[..., None, :, :]  # (..., 1, T, d_head)
         cos, sin = angles.cos(), angles.sin()
         if factor != 1.0:
             cos, sin = cos * factor, sin * factor
-        return cos.to(dtype), sin.to(dtype)
+        cos, sin = cos.to(dtype), sin.to(dtype)
+        return cos, sin * self.table(1, dtype, device)[2] if signed else sin
+
+    def frequencies_for(self, positions, dtype, device):
+        """`rotary_frequencies` for these positions: made once per device and dtype, except for
+        dynamic NTK, whose frequencies depend on the length (the largest position + 1)."""
+        if self.dynamic:
+            return rotary_frequencies(self.d_head, self.base, self.scaling, seq_len=int(positions.max()) + 1,
+                                      dtype=dtype, device=device)
+        key = (positions.device, dtype)
+        if key not in self.frequencies:
+            self.frequencies[key] = rotary_frequencies(self.d_head, self.base, self.scaling, dtype=dtype,
+                                                       device=device)
+        return self.frequencies[key]

@@ -7,6 +7,7 @@ tensor in place.
 """
 
 import torch
+from torch.autograd import forward_ad
 
 from mha import validate
 
@@ -57,10 +58,14 @@ def check_qkv_tensors(Q, K, V):
     return validate.check_qkv(Q, K, V)
 
 
-def check_input(module, name, x, width, input_name=None):
-    """`x` into `module`: a floating tensor (..., T, width) with the dtype and device of its weights."""
+def check_input(module, name, x, width, input_name=None, *, weight=None):
+    """`x` into `module`: a floating tensor (..., T, width) with the dtype and device of its weights.
+
+    `weight`: one of the module's parameters, to compare with; by default the first of
+    `module.parameters()`, which a module called once per generated token can spare itself."""
     check_tensor(name, x, width, input_name)
-    weight = next(module.parameters(), None)
+    if weight is None:
+        weight = next(module.parameters(), None)
     if weight is None:
         return
     if x.dtype != weight.dtype:
@@ -87,8 +92,10 @@ def can_overwrite(t):
 def under_transform(x):
     """Whether `x` is seen through a torch.func transform or carries a forward-AD tangent:
     PyTorch's fused attention kernels support neither forward AD nor every transform."""
-    return torch._C._functorch.is_functorch_wrapped_tensor(x) or \
-        torch.autograd.forward_ad.unpack_dual(x).tangent is not None
+    if torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return True
+    # outside a dual level (forward AD's context) no tensor carries a tangent
+    return forward_ad._current_level >= 0 and forward_ad.unpack_dual(x).tangent is not None
 
 
 def check_x_and_context(module, x, context, width):

@@ -18,6 +18,9 @@ The modules, each also runnable alone (`python -m benchmarks.speed`):
   generation  chapter 12: time per generated token with and without the KV cache, the
             cache's memory for MHA, GQA and MQA (formula and real caches measured), and
             GroupedQueryAttention against the same layer on F.scaled_dot_product_attention
+  decoding  chapter 12: time per generated token against transformers' Llama layers with
+            DynamicCache and StaticCache (target <= 1.00x DynamicCache at every T), and a whole
+            model's greedy generation against generate()
   gpu       the GPU run (bf16/fp16, long T, fused kernels); says so and exits 0
             without a GPU. Not part of `python -m benchmarks`: run it on the GPU machine.
 
@@ -28,12 +31,14 @@ and noisy, so the tables report ratios; absolute milliseconds are indicative onl
 Targets (CPU, B=8, T=512, d=512, h=8): MultiHeadAttention <= 1.05x
 nn.MultiheadAttention; EncoderBlock <= 1.10x nn.TransformerEncoderLayer; the NumPy
 reference <= 1.5x nn.MultiheadAttention; GroupedQueryAttention <= 1.10x the same layer
-written on F.scaled_dot_product_attention (B=4, T=256 and 1024, d=512, h=8).
+written on F.scaled_dot_product_attention (B=4, T=256 and 1024, d=512, h=8); decoding with
+GroupedQueryAttention and KVCache <= 1.00x LlamaAttention with DynamicCache (T = 64, 512, 2048).
 
-The book's chapters 8 and 10 read the tables stored in src/mha/benchmark_results/ (written
+The book's chapters 8 and 12 read the tables stored in src/mha/benchmark_results/ (written
 by `python -m benchmarks --save src/mha/benchmark_results`; every JSON file records
 the machine it came from), so that its pages do not change from run to run; they
 ship inside the library, so the chapter runs in Colab too.
-Refresh them deliberately, then re-execute the chapters that read them (08, and 10 for
-generation, kv_cache_memory and gqa_vs_pytorch).
+Refresh them deliberately, then re-execute the chapters that read them (08, and 12 for
+generation, kv_cache_memory, gqa_vs_pytorch, decoding_vs_transformers and
+generate_vs_transformers).
 """

@@ -4,11 +4,11 @@ import argparse
 import sys
 import time
 
-from benchmarks import generation, memory, speed, sweeps
+from benchmarks import decoding, generation, memory, speed, sweeps
 from benchmarks.harness import machine
 
-MODULES = (speed, sweeps, memory, generation)
-NAMES = [*speed.TABLES, *sweeps.TABLES, "memory", *generation.TABLES]
+MODULES = (speed, sweeps, memory, generation, decoding)
+NAMES = [*speed.TABLES, *sweeps.TABLES, "memory", *generation.TABLES, *decoding.TABLES]
 
 
 def main(argv=None):

@@ -16,7 +16,7 @@ from conftest import ROOT
 from mha import benchmark_results
 
 sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the repository, not an installed package
-from benchmarks import generation, gpu, harness, memory, speed, sweeps  # noqa: E402
+from benchmarks import decoding, generation, gpu, harness, memory, speed, sweeps  # noqa: E402
 
 RESULTS = ROOT / "src" / "mha" / "benchmark_results"
 STORED = ["mha_vs_pytorch", "encoder_vs_pytorch", "numpy_vs_pytorch", "causal", "sweep_T", "sweep_h",
@@ -40,7 +40,7 @@ def sweep_tables():
 
 @pytest.fixture(scope="module")
 def generation_tables():
-    return {t.name: t for t in generation.run(tiny=True)}
+    return {t.name: t for t in [*generation.run(tiny=True), *decoding.run(tiny=True)]}
 
 
 def test_speed_tables_have_their_rows_and_sane_ratios(speed_tables):
@@ -154,8 +154,8 @@ def test_the_decoding_table_times_our_layers_and_cache_against_llamas(monkeypatc
 
     monkeypatch.setattr(mt.GroupedQueryAttention, "forward", counted_ours)
     monkeypatch.setattr(llama.LlamaAttention, "forward", counted_theirs)
-    size, threads = generation.TINY, torch.get_num_threads()
-    generation.decoding_table(size)
+    size, threads = decoding.TINY, torch.get_num_threads()
+    decoding.decoding_table(size)
     # per T: a prefill, the decode compared, the timed rounds and one decode after rewinding
     steps = size["dec_steps"] * (1 + size["dec_rounds"] + size["warmup"] + 1) + 1
     assert calls == {name: len(size["dec_Ts"]) * size["gen_layers"] * steps for name in calls}
@@ -178,8 +178,8 @@ def test_the_generate_table_times_our_model_against_generate(monkeypatch):
 
     monkeypatch.setattr(mt.TransformerLM, "generate", counted_ours)
     monkeypatch.setattr(LlamaForCausalLM, "generate", counted_theirs)
-    size = generation.TINY
-    generation.generate_table(size)
+    size = decoding.TINY
+    decoding.generate_table(size)
     per_T = 1 + size["lm_rounds"] + size["warmup"]  # the call compared, then the rounds
     assert calls == {"ours": len(size["lm_Ts"]) * per_T, "theirs": 2 * len(size["lm_Ts"]) * per_T}
 
@@ -192,17 +192,17 @@ def check_ratio_columns(row, ratio, low, high):
 def test_generation_tables_run_at_tiny_size(generation_tables):
     assert list(generation_tables) == ["generation", "kv_cache_memory", "gqa_vs_pytorch", "decoding_vs_transformers",
                                        "generate_vs_transformers"]
-    decoding = generation_tables["decoding_vs_transformers"]
-    assert [row["T"] for row in decoding.rows] == list(generation.TINY["dec_Ts"])
-    assert decoding.settings["threads"] == 1 and decoding.settings["rounds"] == generation.TINY["dec_rounds"]
-    for row in decoding.rows:
-        assert all(positive(row[c]) for c in decoding.columns if c.endswith("(ms/token)"))
+    table = generation_tables["decoding_vs_transformers"]
+    assert [row["T"] for row in table.rows] == list(decoding.TINY["dec_Ts"])
+    assert table.settings["threads"] == 1 and table.settings["rounds"] == decoding.TINY["dec_rounds"]
+    for row in table.rows:
+        assert all(positive(row[c]) for c in table.columns if c.endswith("(ms/token)"))
         check_ratio_columns(row, "ours / DynamicCache", "min", "max")
         check_ratio_columns(row, "ours / StaticCache", "min (static)", "max (static)")
         assert row["target"] == "<= 1.00" and row["met"] == ("yes" if row["ours / DynamicCache"] <= 1 else "NO")
     whole = generation_tables["generate_vs_transformers"]
     assert [(row["prompt T"], row["new tokens"]) for row in whole.rows] == \
-        [(T, generation.TINY["lm_new"]) for T in generation.TINY["lm_Ts"]]
+        [(T, decoding.TINY["lm_new"]) for T in decoding.TINY["lm_Ts"]]
     for row in whole.rows:
         assert all(positive(row[c]) for c in whole.columns if c.endswith("(ms/token)"))
         check_ratio_columns(row, "ours / generate()", "min", "max")
@@ -237,7 +237,7 @@ def test_stored_generation_table_shows_the_cache_winning_more_as_T_grows():
 
 def test_stored_decoding_table_compares_every_context_length_over_enough_rounds():
     record = json.loads((RESULTS / "decoding_vs_transformers.json").read_text())
-    assert [row["T"] for row in record["rows"]] == list(generation.FULL["dec_Ts"]) == [64, 512, 2048]
+    assert [row["T"] for row in record["rows"]] == list(decoding.FULL["dec_Ts"]) == [64, 512, 2048]
     assert {k: record["settings"][k] for k in ("layers", "d_model", "n_heads", "n_kv_heads", "batch", "threads")} == \
         {"layers": 4, "d_model": 256, "n_heads": 8, "n_kv_heads": 2, "batch": 1, "threads": 1}
     assert record["settings"]["rounds"] >= 7 and record["settings"]["dtype"] == "float32"
@@ -248,7 +248,7 @@ def test_stored_decoding_table_compares_every_context_length_over_enough_rounds(
         assert row["met"] == ("yes" if row["ours / DynamicCache"] <= 1.0 else "NO")
     assert "target: ours / DynamicCache <= 1.00" in record["notes"]
     whole = json.loads((RESULTS / "generate_vs_transformers.json").read_text())
-    assert [row["prompt T"] for row in whole["rows"]] == list(generation.FULL["lm_Ts"])
+    assert [row["prompt T"] for row in whole["rows"]] == list(decoding.FULL["lm_Ts"])
     assert whole["settings"]["rounds"] >= 7 and whole["settings"]["threads"] == 1
     for row in whole["rows"]:
         check_ratio_columns(row, "ours / generate()", "min", "max")

@@ -171,6 +171,16 @@ def test_each_model_feature_matters_at_this_scale(change):
     assert gap > 1e-3
 
 
+def test_one_sequence_and_chapter_11s_generate_greedy():
+    """A sequence without a batch axis gives the batch's row; generate_greedy (no cache) gives the same
+    tokens as the cached generate."""
+    ours = mt.from_transformers(hf_model("gemma3"))
+    tokens, _ = padded_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens[1]), ours(tokens)[1], rtol=1e-5, atol=1e-5)
+    assert torch.equal(mt.generate_greedy(ours, tokens[1], 6), ours.generate(tokens[1:], 6)[0])
+
+
 def test_weights_and_knocked_out_heads():
     ours = mt.from_transformers(hf_model("qwen3"))
     tokens, mask = padded_batch()

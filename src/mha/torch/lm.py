@@ -124,7 +124,8 @@ class LMBlock(nn.Module):
 
 
 class TransformerLM(nn.Module):
-    """A decoder-only language model of today's kind: tokens (B, T) -> logits (B, T, vocab_size).
+    """A decoder-only language model of today's kind: tokens (B, T) -> logits (B, T, vocab_size)
+    (one sequence (T,) -> (T, vocab_size)).
 
     forward(tokens, attention_mask=None, *, position_ids=None, cache=None, return_weights=False,
     head_mask=None). attention_mask: (B, T_all), 1 for real tokens and 0 for padding, over the
@@ -159,6 +160,11 @@ class TransformerLM(nn.Module):
 
     def forward(self, tokens, attention_mask=None, *, position_ids=None, cache=None, return_weights=False,
                 head_mask=None):
+        if isinstance(tokens, torch.Tensor) and tokens.ndim == 1:  # one sequence: a batch of one, and back
+            batch = (lambda a: None if a is None else a[None])
+            out = self(tokens[None], batch(attention_mask), position_ids=batch(position_ids), cache=cache,
+                       return_weights=return_weights, head_mask=head_mask)
+            return (out[0][0], out[1][:, 0]) if return_weights else out[0]
         check_lm_tokens(tokens, self.config.vocab_size)
         T = tokens.shape[-1]
         start = check_cache(cache, len(self.blocks))

@@ -196,6 +196,29 @@ def test_weights_and_knocked_out_heads():
     assert off_weights[1, :, 2].abs().max() == 0 and (off_logits - logits).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("flags", [dict(scale_attn_by_inverse_layer_idx=True), dict(scale_attn_weights=False)],
+                         ids=["scores / (layer + 1)", "unscaled scores"])
+def test_gpt2s_score_scaling_flags_are_computed(flags):
+    config = FAMILIES["gpt2"]()
+    for name, value in flags.items():
+        setattr(config, name, value)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3)
+    model.eval()
+    ours = mt.from_transformers(model)
+    tokens, mask = padded_batch()
+    with torch.no_grad():
+        expected, got = model(tokens, attention_mask=mask).logits, ours(tokens, mask)
+    real = mask.bool()
+    assert (got - expected)[real].abs().max() <= 1e-5 * expected[real].abs().max()
+    plain = mt.from_transformers(hf_model("gpt2"))
+    assert [b.attention.scale for b in ours.blocks] != [b.attention.scale for b in plain.blocks]
+
+
 @pytest.mark.parametrize("make,field", [
     (lambda: transformers.GPT2Config(n_embd=32, n_head=4, n_layer=1, vocab_size=V, activation_function="relu"),
      "activation_function='relu'"),

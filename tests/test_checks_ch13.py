@@ -335,4 +335,4 @@ def test_a_library_route_is_right_in_the_notebook_and_fails_in_the_student_editi
 def test_a_solution_from_scratch_passes_in_the_student_edition(name, monkeypatch):
     with student_edition(name, monkeypatch):
         for seed in SEEDS[:3]:
-            run(name, FROM_SCRATCH[name], seed)
+            assert run(name, FROM_SCRATCH[name], seed).startswith(f"check_{name}: all "), seed

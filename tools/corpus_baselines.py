@@ -1,0 +1,53 @@
+"""Measure what a language model of the corpus must beat, and store the table in the package.
+
+    .venv/bin/python tools/corpus_baselines.py           # write src/mha/text/data/baselines.json
+    .venv/bin/python tools/corpus_baselines.py --check   # recompute, compare with the stored table
+
+Every row is on the test split of `mha.text.load_splits()` (200 000 characters), in bits per
+character: uniform, unigram and bigram models of the training text, and gzip, bzip2, xz and
+zstd at their strongest, on the test text alone and after the training text. The compressors
+given 4.3 M characters of training text take about 15 s in all on one core (xz and zstd the
+most), which is why the table is stored; tests/test_text.py recomputes the cheap rows.
+"""
+
+import argparse
+import json
+import sys
+
+from mha.text import TEST_CHARS, load_splits
+from mha.text import baselines
+
+
+def measure():
+    """The table to store: library versions, sizes, and the rows of `baselines.reference_table`."""
+    splits = load_splits()
+    return {"description": "Bits per character of mha.text's test split (tools/corpus_baselines.py).",
+            "versions": baselines.library_versions(),
+            "characters": {name: len(text) for name, text in splits.items()},
+            "rows": baselines.reference_table(splits)}
+
+
+def print_table(table):
+    print(f"{'reference':<24} {'bits per character':>18}")
+    for row in table["rows"]:
+        print(f"{row['name']:<24} {row['bpc']:>18.4f}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the stored table")
+    args = parser.parse_args(argv)
+    table = measure()
+    assert table["characters"]["test"] == TEST_CHARS
+    print_table(table)
+    if args.check:
+        same = baselines.stored_table() == json.loads(json.dumps(table))
+        print("identical to the stored table" if same else "DIFFERENT from the stored table")
+        return 0 if same else 1
+    baselines.STORED_TABLE.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"wrote {baselines.STORED_TABLE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

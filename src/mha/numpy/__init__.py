@@ -38,10 +38,12 @@ from mha.numpy.grouped import (
     attend_with_cache, causal_mask_after, grouped_query_attention, repeat_kv, sliding_window_mask,
 )
 from mha.numpy.model import (
-    causal_lm_loss, cross_entropy, decoder_only_transformer, generate_greedy, log_softmax, warmup_factor,
+    causal_lm_loss, cross_entropy, decoder_only_transformer, generate_greedy, log_softmax, loss_to_bits_per_character,
+    warmup_factor,
 )
 from mha.numpy.lm import transformer_lm
 from mha.numpy.parts import gated_feed_forward, geglu, rms_norm, silu, soft_cap, swiglu
+from mha.numpy.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
 from mha.numpy.rotary import apply_rotary, rotary_at, rotary_embedding, rotary_frequencies, rotate_half
 from mha.numpy.positions import (
     add_positions, alibi_bias, alibi_slopes, sinusoidal_frequencies, sinusoidal_positions, sinusoidal_shift,
@@ -69,4 +71,6 @@ __all__ = [
     "decoder_only_transformer", "log_softmax", "cross_entropy", "causal_lm_loss", "warmup_factor", "generate_greedy",
     # parts of today's models (chapter 13)
     "transformer_lm", "rotary_frequencies", "rotary_at", "rms_norm", "silu", "gated_feed_forward", "swiglu", "geglu", "soft_cap",
+    # sampling (chapter 14)
+    "filter_logits", "generate", "apply_temperature", "top_k_filter", "top_p_filter", "loss_to_bits_per_character",
 ]

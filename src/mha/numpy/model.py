@@ -9,6 +9,7 @@ twin; its `numpy_params()` are this module's parameters.
 """
 
 import math
+import numbers
 
 import numpy as np
 
@@ -160,3 +161,17 @@ def generate_greedy(logits_fn, prompt, n_new, *, max_len=None):
         next_token = logits[..., -1, :].argmax(axis=-1)  # (...): the last position predicts the next token
         tokens = np.concatenate([tokens, next_token[..., None].astype(tokens.dtype)], axis=-1)
     return tokens
+
+
+def loss_to_bits_per_character(mean_loss, n_tokens, n_characters):
+    """Bits per character of a model whose mean cross-entropy is `mean_loss` nats per token, over `n_tokens`
+    tokens that spell `n_characters` characters: mean_loss * n_tokens / n_characters / ln 2.
+
+    mean_loss * n_tokens is the whole text's cost in nats; per character, and in bits (1 bit = ln 2 nats),
+    it can be set beside a compressor's bits per character, whatever the tokenizer."""
+    if isinstance(mean_loss, bool) or not isinstance(mean_loss, numbers.Real) or not 0 <= mean_loss < math.inf:
+        raise ValueError(f"mean_loss must be a number >= 0 (nats per token), got {mean_loss!r}")
+    for name, count in (("n_tokens", n_tokens), ("n_characters", n_characters)):
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {count!r}")
+    return float(mean_loss) * int(n_tokens) / int(n_characters) / math.log(2)

@@ -43,6 +43,7 @@ from mha.torch.model import (
 from mha.torch.hf_models import from_transformers
 from mha.torch.lm import LMBlock, LMConfig, TransformerLM, positions_from_mask
 from mha.torch.parts import GatedFeedForward, GeGLU, RMSNorm, SwiGLU, soft_cap
+from mha.torch.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
 from mha.torch.rotary import RotaryTables, apply_rotary, rotary_embedding, rotary_frequencies, rotate_half
 from mha.torch.positions import (
     LearnedPositions, SinusoidalPositions, add_positions, alibi_bias, alibi_slopes, sinusoidal_positions,
@@ -69,4 +70,6 @@ __all__ = [
     # parts of today's models (chapter 13)
     "rotary_frequencies", "RotaryTables", "TransformerLM", "LMConfig", "LMBlock", "from_transformers", "positions_from_mask",
     "RMSNorm", "GatedFeedForward", "SwiGLU", "GeGLU", "soft_cap",
+    # sampling (chapter 14)
+    "filter_logits", "generate", "apply_temperature", "top_k_filter", "top_p_filter",
 ]

@@ -110,15 +110,17 @@ def compare_integers(what, expected, got):
 
 
 def compare_numbers(what, expected, got):
-    """None if the numbers agree within the expected dtype's tolerance, else where they differ most
-    (or are not finite)."""
-    bad = ~np.isfinite(got) & np.isfinite(expected)
+    """None if the numbers agree within the expected dtype's tolerance, and every infinity (or NaN) of the
+    expected answer is there too, else where they differ most (or which number is not what it must be)."""
+    finite = np.isfinite(expected)
+    same_special = (got == expected) | (np.isnan(got) & np.isnan(expected))  # -inf for -inf, NaN for NaN
+    bad = (~np.isfinite(got) & finite) | (~finite & ~same_special)
     if bad.any():
         i = tuple(int(n) for n in np.argwhere(bad)[0])
         return f"{what}: got {got[i]} at index {i} where {expected[i]:.6g} was expected"
     rtol, atol = tolerance(expected)
-    diff = np.abs(got.astype(float) - expected)
-    if np.all(diff <= atol + rtol * np.abs(expected)):
+    diff = np.where(finite, np.abs(got.astype(float) - np.where(finite, expected, 0)), 0.0)
+    if np.all(diff <= atol + rtol * np.abs(np.where(finite, expected, 0))):
         return None
     i = tuple(int(n) for n in np.unravel_index(np.argmax(diff), diff.shape))
     return (f"{what}: {describe_array(expected)} as expected, but the largest difference is "

@@ -1,0 +1,114 @@
+"""Train chapter 14's language models on the CPython standard library, from scratch.
+
+    python tools/train_lm.py --preset char          # the shipped character model
+    python tools/train_lm.py --preset bpe           # the shipped BPE model
+    python tools/train_lm.py --preset seeds         # the smaller run, on seeds 0 .. 4 (the claims table)
+    python tools/train_lm.py --preset char --resume # carry on from the last checkpoint
+    torchrun --nproc_per_node 2 tools/train_lm.py --preset char   # the same run, DistributedDataParallel
+
+Each run writes its weights, tokenizer, loss curve and measured results into
+src/mha/text/trained/<run>/ (the seeds run: src/mha/text/trained/seeds.json), where the
+chapter reads them. Checkpoints go to .cache/train_lm/<run>.pt every `checkpoint_every` steps.
+Under torchrun each process computes its rows of the same global batch (gloo on CPUs, NCCL when
+every process has a GPU); rank 0 alone prints, checkpoints and stores.
+
+`--stop-at N` ends after step N (the schedule still aims at the full run), `--curve-out F`
+writes the curve as JSON: the tests use both to retrain a run's first steps.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from mha.text import load_splits
+from mha.experiments.writing import (
+    RUNS, TRAINED, encode_splits, induction_summary, make_tokenizer, measure, seed_summary,
+)
+from mha.text.training import save_model, train
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKPOINTS = ROOT / ".cache" / "train_lm"
+
+
+def parse_arguments(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(RUNS), required=True, help="which configuration to train")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2, 3, 4], help="seeds of the seeds run")
+    parser.add_argument("--resume", action="store_true", help="resume from the run's checkpoint")
+    parser.add_argument("--stop-at", type=int, default=None, help="stop after this step (the schedule is unchanged)")
+    parser.add_argument("--steps", type=int, default=None, help="override the run's number of steps")
+    parser.add_argument("--curve-out", type=Path, default=None, help="write the loss curve here, and store nothing")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="the checkpoint file (default .cache/train_lm)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser.parse_args(argv)
+
+
+def start_processes():
+    """Join torchrun's process group when launched by it: NCCL when every process has a GPU, else gloo."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def train_one(config, splits, arguments, name, *, store):
+    """Train one configuration; returns (model, curve, tokenizer, seconds)."""
+    tokenizer = make_tokenizer(config, splits["train"])
+    ids = encode_splits(tokenizer, splits)
+    checkpoint = arguments.checkpoint or CHECKPOINTS / f"{name}.pt"
+    if not arguments.resume and checkpoint.exists() and arguments.stop_at is None:
+        checkpoint.unlink()  # a fresh run starts from scratch
+    start = time.perf_counter()
+    model, curve = train(config, ids["train"], ids["validation"], tokenizer.vocab_size,
+                         checkpoint=None if arguments.curve_out else checkpoint, resume=arguments.resume,
+                         stop_at=arguments.stop_at, progress=not arguments.quiet)
+    seconds = time.perf_counter() - start
+    return model, curve, tokenizer, ids, seconds
+
+
+def main(argv=None):
+    arguments = parse_arguments(argv)
+    if arguments.threads:
+        torch.set_num_threads(arguments.threads)
+    rank, world_size = start_processes()
+    splits = load_splits()
+    configs = RUNS[arguments.preset]
+    if arguments.preset != "seeds":
+        configs = configs[:1]
+    else:
+        configs = [replace(configs[0], seed=seed) for seed in arguments.seeds]
+    if arguments.steps is not None:
+        configs = [replace(config, steps=arguments.steps) for config in configs]
+    rows = []
+    for config in configs:
+        name = arguments.preset if arguments.preset != "seeds" else f"seeds-{config.seed}"
+        model, curve, tokenizer, ids, seconds = train_one(config, splits, arguments, name, store=True)
+        if rank != 0:
+            continue
+        if arguments.curve_out is not None:
+            arguments.curve_out.write_text(json.dumps(curve) + "\n")
+            continue
+        results = measure(model, config, tokenizer, ids, splits)
+        results.update(seconds=round(seconds), world_size=world_size, threads=torch.get_num_threads(),
+                       torch=torch.__version__, **induction_summary(model, config))
+        print(json.dumps(results, indent=1), flush=True)
+        if arguments.preset == "seeds":
+            rows.append({"seed": config.seed, **results})
+        elif arguments.stop_at is None:
+            save_model(TRAINED / arguments.preset, model, config, tokenizer, curve, results)
+    if rows and rank == 0 and arguments.stop_at is None:
+        (TRAINED / "seeds.json").write_text(json.dumps(seed_summary(configs[0], rows), indent=1) + "\n")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

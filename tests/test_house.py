@@ -29,7 +29,8 @@ NUMPY_NAMES = [
     "sinusoidal_positions", "sinusoidal_shift", "add_positions", "alibi_slopes", "alibi_bias",
     "decoder_only_transformer", "log_softmax", "cross_entropy", "causal_lm_loss", "warmup_factor", "generate_greedy",
     "rms_norm", "gated_feed_forward", "swiglu", "geglu", "soft_cap", "sliding_window_mask", "rotary_frequencies",
-    "rotary_at", "transformer_lm",
+    "rotary_at", "transformer_lm", "filter_logits", "generate", "apply_temperature", "top_k_filter", "top_p_filter",
+    "loss_to_bits_per_character",
 ]
 TORCH_NAMES = [
     "scaled_dot_product_attention", "chunked_attention", "split_heads", "merge_heads", "causal_mask",
@@ -41,7 +42,8 @@ TORCH_NAMES = [
     "DecoderOnlyTransformer", "cross_entropy", "causal_lm_loss", "warmup_factor", "warmup_schedule", "generate_greedy",
     "default_device", "synchronize", "RMSNorm", "GatedFeedForward", "SwiGLU", "GeGLU", "soft_cap",
     "sliding_window_mask", "rotary_frequencies", "RotaryTables", "TransformerLM", "LMConfig", "LMBlock",
-    "from_transformers", "positions_from_mask",
+    "from_transformers", "positions_from_mask", "filter_logits", "generate", "apply_temperature", "top_k_filter",
+    "top_p_filter",
 ]
 
 

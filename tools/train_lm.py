@@ -48,18 +48,26 @@ def parse_arguments(argv):
     parser.add_argument("--checkpoint", type=Path, default=None, help="the checkpoint file (default .cache/train_lm)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--device", default=None, help="cpu or cuda:N (default: each process's GPU if any, else cpu)")
     return parser.parse_args(argv)
 
 
-def start_processes():
-    """Join torchrun's process group when launched by it: NCCL when every process has a GPU, else gloo."""
+def start_processes(device):
+    """Join torchrun's process group when launched by it: NCCL when the processes compute on GPUs,
+    else gloo. Returns (rank, world size, device): on GPUs, each process its own (LOCAL_RANK)."""
+    if device is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    return rank, world_size, device
 
 
-def train_one(config, splits, arguments, name, *, store):
+def train_one(config, splits, arguments, name, device):
     """Train one configuration; returns (model, curve, tokenizer, seconds)."""
     tokenizer = make_tokenizer(config, splits["train"])
     ids = encode_splits(tokenizer, splits)
@@ -69,7 +77,8 @@ def train_one(config, splits, arguments, name, *, store):
     start = time.perf_counter()
     model, curve = train(config, ids["train"], ids["validation"], tokenizer.vocab_size,
                          checkpoint=None if arguments.curve_out else checkpoint, resume=arguments.resume,
-                         stop_at=arguments.stop_at, progress=not arguments.quiet)
+                         stop_at=arguments.stop_at, progress=not arguments.quiet, device=device)
+    model = model.cpu()  # measured and stored on the CPU
     seconds = time.perf_counter() - start
     return model, curve, tokenizer, ids, seconds
 
@@ -78,7 +87,7 @@ def main(argv=None):
     arguments = parse_arguments(argv)
     if arguments.threads:
         torch.set_num_threads(arguments.threads)
-    rank, world_size = start_processes()
+    rank, world_size, device = start_processes(arguments.device)
     splits = load_splits()
     configs = RUNS[arguments.preset]
     if arguments.preset != "seeds":
@@ -90,7 +99,7 @@ def main(argv=None):
     rows = []
     for config in configs:
         name = arguments.preset if arguments.preset != "seeds" else f"seeds-{config.seed}"
-        model, curve, tokenizer, ids, seconds = train_one(config, splits, arguments, name, store=True)
+        model, curve, tokenizer, ids, seconds = train_one(config, splits, arguments, name, device)
         if rank != 0:
             continue
         if arguments.curve_out is not None:
@@ -98,7 +107,7 @@ def main(argv=None):
             continue
         results = measure(model, config, tokenizer, ids, splits)
         results.update(seconds=round(seconds), world_size=world_size, threads=torch.get_num_threads(),
-                       torch=torch.__version__, **induction_summary(model, config))
+                       torch=torch.__version__, **induction_summary(model, tokenizer, splits["test"]))
         print(json.dumps(results, indent=1), flush=True)
         if arguments.preset == "seeds":
             rows.append({"seed": config.seed, **results})

@@ -26,11 +26,11 @@ SHIPPED = TrainingConfig(d_model=128, n_layers=4, n_heads=4, d_ff=344, context=2
 RUNS = {
     "char": [SHIPPED],
     "bpe": [replace(SHIPPED, tokenizer="bpe", bpe_vocab_size=1024, steps=1200)],
-    "seeds": [replace(SHIPPED, batch_size=16, steps=400, eval_every=50, checkpoint_every=100)],
+    "seeds": [replace(SHIPPED, steps=400, eval_every=50, checkpoint_every=100)],
     "tiny": [TrainingConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, context=64, batch_size=8, steps=20,
                             lr=3e-3, warmup_steps=5, eval_every=5, eval_windows=8, checkpoint_every=5)],
 }
-REPEAT_LENGTH = 64  # characters in each snippet that is repeated to find the induction heads
+REPEAT_LENGTH = 64  # tokens in each snippet of real code that is repeated to find the induction heads
 INDUCTION_SNIPPETS = 32
 
 
@@ -61,31 +61,29 @@ def measure(model, config, tokenizer, ids, splits):
             "test_unknown_characters": tokenizer.count_unknown(splits["test"])}
 
 
-def repeated_snippets(text, n=INDUCTION_SNIPPETS, length=REPEAT_LENGTH):
-    """n snippets of `length` characters, evenly spaced over text, each followed by itself: (n, 2 length)."""
-    starts = np.linspace(0, len(text) - length, n).astype(int)
-    return [text[s:s + length] * 2 for s in starts]
+def repeated_snippets(ids, n=INDUCTION_SNIPPETS, length=REPEAT_LENGTH):
+    """n snippets of `length` tokens, evenly spaced over ids (N,), each followed by itself: (n, 2 length)."""
+    starts = np.linspace(0, len(ids) - length, n).astype(int)
+    snippets = torch.stack([torch.as_tensor(ids[s:s + length]) for s in starts])  # (n, length)
+    return torch.cat([snippets, snippets], dim=1)  # (n, 2 length)
 
 
 @torch.no_grad()
-def induction_summary(model, config, text=None):
-    """The induction score of every head on repeated snippets of the test text (a character model):
-    the mean weight that position t of the repeat puts on t - L + 1, the character after the earlier
+def induction_summary(model, tokenizer, text, length=REPEAT_LENGTH):
+    """Chapter 11's induction score of every head, on snippets of real code (text) that repeat:
+    the mean weight that position t of the repeat puts on t - L + 1, the token after the earlier
     copy of its own. Returns {"induction_scores" (n_layers x h), "best_head", "best_score",
-    "repeat_loss", "first_copy_loss"} (losses in nats per character, on each half)."""
-    if config.tokenizer != "char":
-        return {}
-    text = load_splits()["test"] if text is None else text
-    tokenizer = CharTokenizer.fit(load_splits()["train"])
-    batch = torch.as_tensor(np.stack([tokenizer.encode(s) for s in repeated_snippets(text)]), dtype=torch.long)
-    logits, weights = model(batch, return_weights=True)  # (B, 2L, V), (n_layers, B, h, 2L, 2L)
-    scores = induction_scores(weights.double().numpy(), REPEAT_LENGTH)  # (n_layers, h)
+    "first_copy_loss", "repeat_loss"} (mean losses in nats per token on each half: a model that
+    copies predicts the repeat far better than the first copy)."""
+    batch = repeated_snippets(tokenizer.encode(text), length=length)  # (n, 2L)
+    logits, weights = model(batch, return_weights=True)  # (n, 2L, V), (n_layers, n, h, 2L, 2L)
+    scores = induction_scores(weights.double().numpy(), length)  # (n_layers, h)
     losses = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), batch[:, 1:], reduction="none")
     layer, head = np.unravel_index(np.argmax(scores), scores.shape)
     return {"induction_scores": np.round(scores, 4).tolist(), "best_head": [int(layer), int(head)],
             "best_score": round(float(scores[layer, head]), 4),
-            "first_copy_loss": round(losses[:, :REPEAT_LENGTH - 1].mean().item(), 4),
-            "repeat_loss": round(losses[:, REPEAT_LENGTH:].mean().item(), 4)}
+            "first_copy_loss": round(losses[:, :length - 1].mean().item(), 4),
+            "repeat_loss": round(losses[:, length:].mean().item(), 4)}
 
 
 def seed_summary(config, rows):

@@ -193,35 +193,38 @@ def distributed_world():
     return 0, 1
 
 
-def global_mean(value, world_size):
+def global_mean(value, world_size, device="cpu"):
     """The mean of a float over all processes (each computed the mean of an equal share)."""
     if world_size == 1:
         return value
-    tensor = torch.tensor([value], dtype=torch.float64)
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)  # NCCL reduces GPU tensors only
     dist.all_reduce(tensor)
     return tensor.item() / world_size
 
 
 def train(config, train_ids, val_ids, vocab_size, *, checkpoint=None, resume=False, stop_at=None,
-          progress=True, report_every=50):
+          progress=True, report_every=50, device=None):
     """Train a new model (or resume one from `checkpoint`) up to step config.steps, or stop_at if given.
 
-    train_ids, val_ids: 1-D int64 tensors. Under torchrun the model is wrapped in
-    DistributedDataParallel and each rank computes its rows of the global batch.
+    train_ids, val_ids: 1-D int64 tensors. device: where to compute (default the CPU); the model is
+    drawn on the CPU first, so every device starts from the same weights. Under torchrun the model
+    is wrapped in DistributedDataParallel (give each process its own GPU as `device`) and each rank
+    computes its rows of the global batch.
     Returns (model, curve): curve a list of {"step", "lr", "train_loss", "val_loss" (or None)},
     one per step, the losses averaged over all processes. Only rank 0 prints and writes.
     """
     rank, world_size = distributed_world()
-    model = new_model(config, vocab_size)
+    device = torch.device("cpu" if device is None else device)
+    model = new_model(config, vocab_size).to(device)
     optimizer = new_optimizer(model, config)
     curve, first_step = [], 1
     if resume and checkpoint is not None and Path(checkpoint).exists():
-        state = torch.load(checkpoint, weights_only=False)
+        state = torch.load(checkpoint, weights_only=False, map_location=device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         curve, first_step = state["curve"], state["step"] + 1
     trained = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
-    evaluation = evaluation_windows(val_ids, config)
+    evaluation = evaluation_windows(val_ids, config).to(device)
     last_step = config.steps if stop_at is None else min(stop_at, config.steps)
     start = time.perf_counter()
     for step in range(first_step, last_step + 1):
@@ -229,7 +232,7 @@ def train(config, train_ids, val_ids, vocab_size, *, checkpoint=None, resume=Fal
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = rank_rows(windows(train_ids, batch_starts(step, len(train_ids), config), config.context + 1),
-                          rank, world_size)  # (B / world_size, context + 1)
+                          rank, world_size).to(device)  # (B / world_size, context + 1)
         logits = trained(batch[:, :-1])  # (b, T, V)
         loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
         optimizer.zero_grad(set_to_none=True)
@@ -239,7 +242,7 @@ def train(config, train_ids, val_ids, vocab_size, *, checkpoint=None, resume=Fal
         val_loss = None
         if step % config.eval_every == 0 or step == config.steps:
             val_loss = mean_loss(model, evaluation)  # every process computes the same
-        curve.append({"step": step, "lr": lr, "train_loss": global_mean(loss.item(), world_size),
+        curve.append({"step": step, "lr": lr, "train_loss": global_mean(loss.item(), world_size, device),
                       "val_loss": val_loss})
         if progress and rank == 0 and (step % report_every == 0 or step == last_step):
             print(progress_line(step, config.steps, curve[-1]["train_loss"], last_val_loss(curve),

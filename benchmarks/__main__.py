@@ -4,11 +4,11 @@ import argparse
 import sys
 import time
 
-from benchmarks import decoding, generation, memory, speed, sweeps
+from benchmarks import decoding, generation, memory, speed, sweeps, training
 from benchmarks.harness import machine
 
-MODULES = (speed, sweeps, memory, generation, decoding)
-NAMES = [*speed.TABLES, *sweeps.TABLES, "memory", *generation.TABLES, *decoding.TABLES]
+MODULES = (speed, sweeps, memory, generation, decoding, training)
+NAMES = [*speed.TABLES, *sweeps.TABLES, "memory", *generation.TABLES, *decoding.TABLES, *training.TABLES]
 
 
 def main(argv=None):

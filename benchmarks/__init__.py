@@ -21,6 +21,9 @@ The modules, each also runnable alone (`python -m benchmarks.speed`):
   decoding  chapter 12: time per generated token against transformers' Llama layers with
             DynamicCache and StaticCache (target <= 1.00x DynamicCache at every T), and a whole
             model's greedy generation against generate()
+  training  chapter 14: a whole training step of the course's language model against the same
+            model written with PyTorch's layers (target <= 1.10x), and cached sampling in
+            tokens per second against sampling that reads every token again
   gpu       the GPU run (bf16/fp16, long T, fused kernels); says so and exits 0
             without a GPU. Not part of `python -m benchmarks`: run it on the GPU machine.
 

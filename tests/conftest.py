@@ -238,7 +238,8 @@ def built_site(tmp_path_factory):
 # in collection order, so a long file collected last would leave the other worker idle at the end.
 SLOW_FIRST = ("test_site.py", "test_pdf.py", "test_publishing.py", "test_handout.py", "test_gradescope.py",
               "test_nbgrader.py", "test_grading.py", "test_grading_attacks.py", "test_lab.py", "test_lm.py",
-              "11_training_a_transformer.ipynb", "07_why_heads_differ.ipynb", "13_todays_models.ipynb")
+              "11_training_a_transformer.ipynb", "07_why_heads_differ.ipynb", "13_todays_models.ipynb",
+              "14_a_model_that_writes.ipynb")
 
 
 def pytest_collection_modifyitems(config, items):

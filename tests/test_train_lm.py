@@ -149,7 +149,7 @@ def test_stored_model_loads_and_its_curve_is_the_run(run):
     assert [point["step"] for point in curve] == list(range(1, config.steps + 1))
     validation = [point["val_loss"] for point in curve if point["val_loss"] is not None]
     assert len(validation) == config.steps // config.eval_every
-    assert validation[-1] < 0.65 * validation[0]
+    assert validation[-1] < 0.75 * validation[0]  # char: 0.57, BPE: 0.70 of the first
 
 
 def test_the_shipped_run_retrained_from_scratch_matches_its_stored_first_steps(tmp_path):

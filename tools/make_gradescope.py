@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ZIP = ROOT / "_build" / "gradescope" / "autograder.zip"
 FILES = ["pyproject.toml", "requirements.txt", "README.md"]  # pyproject's `readme` must exist for pip
 FOLDERS = ["src/mha", "tools"]
-SKIPPED = {"__pycache__", ".ipynb_checkpoints"}
+# "trained": chapter 14's stored language models (6 MB), which no check reads.
+SKIPPED = {"__pycache__", ".ipynb_checkpoints", "trained"}
 TORCH = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 
 SETUP = f"""\

@@ -92,6 +92,9 @@ window.mhaHeadViewer = function (root) {
   });
   var gridBox = element("div", "mha-viewer-gridbox");
   gridBox.appendChild(grid);
+  // A grid wider than the page scrolls sideways: the keyboard must reach it too (WCAG 2.1.1).
+  gridBox.tabIndex = 0;
+  gridBox.setAttribute("aria-label", "The attention weights, scrollable sideways");
 
   // The keyboard. The viewer itself takes the focus; arrows inside it move the viewer, not the page.
   var hint = element("div", "mha-viewer-label",

@@ -276,3 +276,40 @@ def check_position_table(table_shape, T, d, offset):
     if offset + T > max_len:
         raise ValueError(f"sequence of T={T} at offset {offset} needs positions up to {offset + T - 1}, "
                          f"but the position table holds only max_len={max_len} positions")
+
+
+# Sampling's options (chapter 14), the same in both faces -------------------------------------
+
+
+def check_temperature(temperature):
+    """A temperature: a finite real number > 0 (transformers: "a strictly positive float")."""
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or \
+            not 0 < temperature < float("inf"):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r} "
+                         f"(for the most likely token every time, use greedy generation)")
+    return float(temperature)
+
+
+def check_top_k(top_k):
+    """top_k: None (no top-k filter) or an integer >= 1."""
+    if top_k is None:
+        return None
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
+        raise TypeError(f"top_k must be None or an integer >= 1, got {type(top_k).__name__} {top_k!r}")
+    if top_k < 1:
+        raise ValueError(f"top_k must be None (no filter) or an integer >= 1, got top_k={top_k}")
+    return int(top_k)
+
+
+def check_p(p):
+    """top-p's p: a real number in (0, 1]."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 < p <= 1:
+        raise ValueError(f"p must be a number in (0, 1], got {p!r}")
+    return float(p)
+
+
+def check_top_p(top_p):
+    """top_p: None (no top-p filter) or a real number in (0, 1]."""
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be None (no filter) or a number in (0, 1], got {top_p!r}")
+    return None if top_p is None else float(top_p)

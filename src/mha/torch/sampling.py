@@ -7,47 +7,12 @@ rules, on the same sort. `generate` draws with `torch.multinomial`, as transform
 the same `torch.manual_seed` both write the same tokens.
 """
 
-import numbers
-
 import torch
 
 from mha import validate
+from mha.validate import check_p, check_temperature, check_top_k, check_top_p
 from mha.torch.model import check_ids, check_prompt
 from mha.torch.tensors import check_is_tensor
-
-
-def check_temperature(temperature):
-    """A temperature: a finite real number > 0 (transformers: "a strictly positive float")."""
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or \
-            not 0 < temperature < float("inf"):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r} "
-                         f"(for the most likely token every time, use greedy generation)")
-    return float(temperature)
-
-
-def check_top_k(top_k):
-    """top_k: None (no top-k filter) or an integer >= 1."""
-    if top_k is None:
-        return None
-    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
-        raise TypeError(f"top_k must be None or an integer >= 1, got {type(top_k).__name__} {top_k!r}")
-    if top_k < 1:
-        raise ValueError(f"top_k must be None (no filter) or an integer >= 1, got top_k={top_k}")
-    return int(top_k)
-
-
-def check_p(p):
-    """top-p's p: a real number in (0, 1]."""
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 < p <= 1:
-        raise ValueError(f"p must be a number in (0, 1], got {p!r}")
-    return float(p)
-
-
-def check_top_p(top_p):
-    """top_p: None (no top-p filter) or a real number in (0, 1]."""
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be None (no filter) or a number in (0, 1], got {top_p!r}")
-    return None if top_p is None else float(top_p)
 
 
 def check_logits(logits):

@@ -1,0 +1,209 @@
+"""Each scheme against one process: the functions that tests and chapter 15 launch.
+
+Every rank builds the same single-process module and inputs from the case's seed, computes
+the reference output and gradients itself, then runs the scheme on its part and compares.
+A case is a dict:
+    scheme:  "tensor", "torch_tensor" (PyTorch's parallelize_module), "tensor_vs_torch" (ours
+             against PyTorch's, not against one process), "ulysses" or "ring"
+    module:  "mha", "gqa" (RoPE, grouped keys), "encoder" (EncoderBlock) or "lm" (a Llama LMBlock)
+    seed, batch, seq_len, d_model, n_heads, n_kv_heads (gqa, lm), d_ff (encoder, lm),
+    causal, padding (True: the first sequence of the batch is left-padded by `pad` positions,
+    so its first queries may attend to nothing), layout (ring), dtype ("float32" or "float64").
+The result, per rank: the relative error of the output and of every gradient (input and
+parameters), max |ours - one process| / max |one process| (a parameter's gradient measured
+against its layer's, `layer_scales`), and the payload and work counted.
+"""
+
+import torch
+import torch.distributed as dist
+
+from mha.distributed import comm
+from mha.distributed.ring import RingAttention
+from mha.distributed.sequence import gather_sequence, split_sequence
+from mha.distributed.tensor import tensor_parallel, torch_tensor_parallel
+from mha.distributed.ulysses import UlyssesAttention
+from mha.torch.attention import MultiHeadAttention
+from mha.torch.blocks import EncoderBlock
+from mha.torch.grouped import GroupedQueryAttention
+from mha.torch.lm import LMBlock, LMConfig
+
+DEFAULTS = dict(seed=0, batch=2, seq_len=16, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48, causal=False,
+                padding=False, pad=5, layout="zigzag", dtype="float32")
+
+
+SCHEMES = ("tensor", "torch_tensor", "tensor_vs_torch", "ulysses", "ring")
+
+
+def full_case(case):
+    unknown = set(case) - set(DEFAULTS) - {"scheme", "module"}
+    if unknown:
+        raise ValueError(f"unknown case keys {sorted(unknown)}; a case takes scheme, module and {sorted(DEFAULTS)}")
+    return {**DEFAULTS, **case}
+
+
+def build_module(case, device):
+    """The single-process module of a case, drawn from its seed (the same on every rank), with
+    weights larger than the default initialisation so that a wrong head shows."""
+    torch.manual_seed(case["seed"])
+    options = dict(device=device, dtype=getattr(torch, case["dtype"]))
+    d, h = case["d_model"], case["n_heads"]
+    kind = case["module"]
+    if kind == "mha":
+        module = MultiHeadAttention(d, h, **options)
+    elif kind == "gqa":
+        module = GroupedQueryAttention(d, h, case["n_kv_heads"], rope_base=10000.0, **options)
+    elif kind == "encoder":
+        module = EncoderBlock(d, h, case["d_ff"], norm_first=True, activation="gelu", **options)
+    elif kind == "lm":
+        config = LMConfig(vocab_size=8, d_model=d, n_layers=1, d_ff=case["d_ff"],
+                          attention=dict(n_heads=h, n_kv_heads=case["n_kv_heads"], rope_base=10000.0))
+        module = LMBlock(config, 0, **options)
+    else:
+        raise ValueError(f'module must be "mha", "gqa", "encoder" or "lm", got {kind!r}')
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.normal_(0.0, 0.3)
+    return module
+
+
+def make_inputs(case, device):
+    """x (B, T, d_model), the key-padding mask (B, T) or None (True = may attend), and the weights
+    g of the loss sum(out * g), all from the case's seed."""
+    generator = torch.Generator().manual_seed(case["seed"] + 1)
+    dtype = getattr(torch, case["dtype"])
+    shape = (case["batch"], case["seq_len"], case["d_model"])
+    x = torch.randn(shape, generator=generator, dtype=dtype).to(device)
+    g = torch.randn(shape, generator=generator, dtype=dtype).to(device)
+    keep = None
+    if case["padding"]:
+        keep = torch.ones(case["batch"], case["seq_len"], dtype=torch.bool)
+        keep[0, :case["pad"]] = False  # left padding: the first queries of sequence 0 see no key
+        keep = keep.to(device)
+    return x, keep, g
+
+
+def run_single(module, case, x, keep):
+    """The single-process output (B, T, d_model)."""
+    mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, T)
+    kind = case["module"]
+    if kind == "mha":
+        return module(x, mask=mask, causal=case["causal"])
+    if kind == "encoder":
+        return module(x, mask, causal=case["causal"])
+    if kind == "gqa":
+        return module(x, mask, causal=case["causal"])[0]
+    return module(x, mask)[0]  # LMBlock: causal always
+
+
+def relative_error(ours, reference, scale=None):
+    """max |ours - reference| / scale, the scale being max |reference| unless given."""
+    scale = reference.abs().max().item() if scale is None else scale
+    return (ours - reference).abs().max().item() / (scale if scale > 0 else 1.0)
+
+
+def layer_scales(grads):
+    """{parameter name: the largest |gradient| of its layer, weight and bias together}.
+
+    A layer's bias is measured against its layer: the key projection's bias has a gradient of
+    exactly zero in exact arithmetic (softmax ignores a constant added to a row of scores, and
+    q . b_K is one), so against itself it would compare rounding with rounding."""
+    largest = {}
+    for name, grad in grads.items():
+        layer = name.rpartition(".")[0]
+        largest[layer] = max(largest.get(layer, 0.0), grad.abs().max().item())
+    return {name: largest[name.rpartition(".")[0]] for name in grads}
+
+
+def reference_run(case, device):
+    module = build_module(case, device)
+    x, keep, g = make_inputs(case, device)
+    x.requires_grad_(True)
+    out = run_single(module, case, x, keep)
+    (out * g).sum().backward()
+    grads = {name: p.grad for name, p in module.named_parameters()}
+    return module, x, keep, g, out.detach(), x.grad, grads
+
+
+def tensor_run(module, case, x, keep, g, torch_mesh=None):
+    """Output, x's gradient and the whole parameter gradients of tensor parallelism (ours, or
+    PyTorch's parallelize_module when torch_mesh is given)."""
+    if case["module"] == "lm" and case["causal"] is False:
+        case = {**case, "causal": True}
+    x = x.detach().clone().requires_grad_(True)
+    split = tensor_parallel(module) if torch_mesh is None else torch_tensor_parallel(module, torch_mesh)
+    out = run_single(split, case, x, keep) if torch_mesh is not None else run_split(split, case, x, keep)
+    (out * g).sum().backward()
+    if torch_mesh is None:
+        grads = split.full_gradients()
+    else:
+        grads = {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad)
+                 for name, p in split.named_parameters()}
+    return out.detach(), x.grad, grads
+
+
+def run_split(split, case, x, keep):
+    mask = None if keep is None else keep[:, None, None, :]
+    if case["module"] == "lm":
+        return split(x, mask)
+    return split(x, mask, causal=case["causal"])
+
+
+def sequence_run(module, case, x, keep, g):
+    """Output, x's gradient and parameter gradients (summed over ranks) of Ulysses or the ring."""
+    layout = "contiguous" if case["scheme"] == "ulysses" else case["layout"]
+    scheme = UlyssesAttention(module) if case["scheme"] == "ulysses" else RingAttention(module, layout)
+    module.zero_grad(set_to_none=True)
+    x_local = split_sequence(x.detach(), layout).requires_grad_(True)  # (B, T / P, d_model)
+    out_local = scheme(x_local, keep, causal=case["causal"])  # (B, T / P, d_model)
+    (out_local * split_sequence(g, layout)).sum().backward()
+    out = gather_sequence(out_local.detach(), layout)  # (B, T, d_model)
+    x_grad = gather_sequence(x_local.grad, layout)
+    grads = {}
+    for name, p in module.named_parameters():
+        grad = p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+        dist.all_reduce(grad)  # the sum over ranks of each rank's part (not counted: a check)
+        grads[name] = grad
+    return out, x_grad, grads
+
+
+def errors(ours, reference):
+    (out, x_grad, grads), (ref_out, ref_x_grad, ref_grads) = ours, reference
+    result = {"output": relative_error(out, ref_out), "grad x": relative_error(x_grad, ref_x_grad)}
+    missing = set(ref_grads) - set(grads)
+    if missing:
+        raise AssertionError(f"gradients missing for {sorted(missing)}")
+    scales = layer_scales(ref_grads)
+    result.update({f"grad {name}": relative_error(grads[name], ref, scales[name]) for name, ref in ref_grads.items()})
+    return result
+
+
+def run_case(case, device, mesh=None):
+    """One case on this rank: {"errors": {...}, "traffic": Traffic.as_dict()} (the forward and
+    backward of the scheme only: the checks' own gathers are not counted)."""
+    case = full_case(case)
+    module, x, keep, g, ref_out, ref_x_grad, ref_grads = reference_run(case, device)
+    with comm.count_payload() as traffic:
+        if case["scheme"] == "tensor":
+            ours = tensor_run(module, case, x, keep, g)
+        elif case["scheme"] == "torch_tensor":
+            ours = tensor_run(module, case, x, keep, g, torch_mesh=mesh)
+        elif case["scheme"] == "tensor_vs_torch":  # ours against PyTorch's parallelize_module, directly
+            ours = tensor_run(module, case, x, keep, g)
+            ref_out, ref_x_grad, ref_grads = tensor_run(module, case, x, keep, g, torch_mesh=mesh)
+        elif case["scheme"] in ("ulysses", "ring"):
+            ours = sequence_run(module, case, x, keep, g)
+        else:
+            raise ValueError(f'scheme must be one of {SCHEMES}, got {case["scheme"]!r}')
+    return {"errors": errors(ours, (ref_out, ref_x_grad, ref_grads)), "traffic": traffic.as_dict()}
+
+
+def run_cases(rank, world_size, cases):
+    """Every case on this rank (a function for mha.distributed.launch): a list of results."""
+    from mha.distributed.launcher import rank_device
+
+    device = rank_device()
+    mesh = None
+    if any(case.get("scheme") in ("torch_tensor", "tensor_vs_torch") for case in cases):
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(device.type, (world_size,))
+    return [run_case(case, device, mesh) for case in cases]

@@ -90,22 +90,24 @@ def finite_or_zero(x):
 
 
 def attend_block(q, k, v, allowed, scale):
-    """One partial result: (o (..., c_q, d_head), lse (..., c_q, 1)) of queries q on keys k, values v."""
+    """One partial result: (o (..., c_q, d_head), lse (..., c_q)) of queries q on keys k, values v."""
     scores = masked_scores(q, k, allowed, scale)  # (..., c_q, c_k)
     row_max = finite_or_zero(scores.amax(dim=-1, keepdim=True))  # a row with no key: 0, not -inf
     p = torch.exp(scores - row_max)  # (..., c_q, c_k); 0 where masked
     total = p.sum(dim=-1, keepdim=True)  # (..., c_q, 1)
     o = (p @ v) / torch.where(total > 0, total, torch.ones_like(total))
-    return o, row_max + torch.log(total)  # log 0 = -inf for a row with no key
+    return o, (row_max + torch.log(total)).squeeze(-1)  # (..., c_q); log 0 = -inf for a row with no key
 
 
 def merge_partials(out_a, lse_a, out_b, lse_b):
     """The online-softmax merge of two partial results on disjoint keys: (out, lse).
 
-    out_*: (..., T_q, d_v); lse_*: (..., T_q, 1). A row that is -inf in both stays (0, -inf)."""
-    lse = torch.logaddexp(lse_a, lse_b)  # (..., T_q, 1)
+    out_*: (..., T_q, d_v); lse_*: (..., T_q). A row that is -inf in both stays (0, -inf).
+    The twin of mha.numpy.merge_partials."""
+    lse = torch.logaddexp(lse_a, lse_b)  # (..., T_q)
     safe = finite_or_zero(lse)
-    return torch.exp(lse_a - safe) * out_a + torch.exp(lse_b - safe) * out_b, lse
+    weight_a, weight_b = torch.exp(lse_a - safe)[..., None], torch.exp(lse_b - safe)[..., None]  # (..., T_q, 1)
+    return weight_a * out_a + weight_b * out_b, lse
 
 
 def fold_groups(x, n_kv_heads):
@@ -121,7 +123,7 @@ class RingAttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, plan):
         c, n_rep = plan.chunk, q.shape[-3] // k.shape[-3]
         outs = [torch.zeros_like(chunk(q, a, c)) for a in range(2)]  # (B, h, c, d_head) each
-        lses = [q.new_full((*q.shape[:-2], c, 1), float("-inf")) for _ in range(2)]  # (B, h, c, 1) each
+        lses = [q.new_full((*q.shape[:-2], c), float("-inf")) for _ in range(2)]  # (B, h, c) each
         block, n_pairs = (k, v), 0
         for step in range(plan.world_size):
             owner = (plan.rank - step) % plan.world_size
@@ -135,7 +137,7 @@ class RingAttentionFunction(torch.autograd.Function):
             if passing is not None:
                 block = tuple(passing.wait())  # the previous rank's block, sent during the computation
         plan.count(n_pairs, q.shape[0], q.shape[-3], q.shape[-1], "forward")
-        out, lse = torch.cat(outs, dim=-2), torch.cat(lses, dim=-2)  # (B, h, 2c, d_head), (B, h, 2c, 1)
+        out, lse = torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)[..., None]  # (B, h, 2c, d_head), (B, h, 2c, 1)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.plan = plan
         return out

@@ -1,0 +1,86 @@
+"""Tensor parallelism by heads equals one process, and PyTorch's own parallelize_module.
+
+One launch per world size (P = 2 and 4, gloo on the CPU) runs every case; each rank compares
+its output and gradients with the single-process module it also computes (mha.distributed.
+equivalence). Relative errors are max |ours - one process| / max |one process|.
+"""
+
+import pytest
+
+import mha.numpy as mnp
+from mha.distributed import launch
+from mha.distributed.equivalence import full_case, run_cases
+
+TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
+
+# (name, case): MultiHeadAttention, GroupedQueryAttention (RoPE; key/value heads split, one per rank,
+# and replicated when P > h_kv), the encoder block, today's decoder block, with causal and padding masks.
+CASES = [
+    ("mha", dict(scheme="tensor", module="mha", seed=1)),
+    ("mha causal, padded", dict(scheme="tensor", module="mha", seed=2, causal=True, padding=True)),
+    ("mha float64, padded", dict(scheme="tensor", module="mha", seed=3, padding=True, dtype="float64")),
+    ("gqa h=8 h_kv=4 causal, padded", dict(scheme="tensor", module="gqa", seed=4, n_heads=8, n_kv_heads=4,
+                                           causal=True, padding=True)),
+    ("gqa h=8 h_kv=2 padded", dict(scheme="tensor", module="gqa", seed=5, n_heads=8, n_kv_heads=2, padding=True)),
+    ("gqa h=4 h_kv=1 causal", dict(scheme="tensor", module="gqa", seed=6, n_heads=4, n_kv_heads=1, causal=True)),
+    ("encoder block causal, padded", dict(scheme="tensor", module="encoder", seed=7, causal=True, padding=True)),
+    ("llama block padded", dict(scheme="tensor", module="lm", seed=8, n_heads=8, n_kv_heads=2, padding=True)),
+    ("ours = parallelize_module: mha causal, padded", dict(scheme="tensor_vs_torch", module="mha", seed=9,
+                                                           causal=True, padding=True)),
+    ("ours = parallelize_module: gqa h_kv=4", dict(scheme="tensor_vs_torch", module="gqa", seed=10, n_heads=8,
+                                                   n_kv_heads=4, padding=True)),
+    ("ours = parallelize_module: encoder block", dict(scheme="tensor_vs_torch", module="encoder", seed=11,
+                                                      causal=True, padding=True)),
+    ("parallelize_module = one process", dict(scheme="torch_tensor", module="mha", seed=12, padding=True)),
+]
+WORLD_SIZES = (2, 4)
+
+
+@pytest.fixture(scope="module")
+def results():
+    """{P: [per case: [per rank: result]]}: one launch per world size."""
+    out = {}
+    for world_size in WORLD_SIZES:
+        by_rank = launch(run_cases, world_size, [case for _, case in CASES], timeout=240)
+        out[world_size] = [[by_rank[rank][i] for rank in range(world_size)] for i in range(len(CASES))]
+    return out
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[name for name, _ in CASES])
+def test_equal_to_one_process(results, world_size, index):
+    """Output, input gradient and every parameter's gradient, on every rank."""
+    case = full_case(CASES[index][1])
+    for rank, result in enumerate(results[world_size][index]):
+        errors = result["errors"]
+        assert len(errors) > 3  # the output, x's gradient, and the parameters'
+        worst = max(errors, key=errors.get)
+        assert errors[worst] < TOLERANCE[case["dtype"]], (rank, worst, errors[worst])
+
+
+def attention_and_feed_forward_layers(case):
+    return (1, 0) if case["module"] in ("mha", "gqa") else (1, 1)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("index", [i for i, (_, c) in enumerate(CASES) if c["scheme"] == "tensor"],
+                         ids=[name for name, c in CASES if c["scheme"] == "tensor"])
+def test_payload_is_the_formula(results, world_size, index):
+    """One all-reduce of B T d per attention and per feed-forward, forward and backward: what each rank
+    hands, counted, equals mnp.payload_per_layer (per attention) and, with the feed-forward, B T d more."""
+    case = full_case(CASES[index][1])
+    B, T, d = case["batch"], case["seq_len"], case["d_model"]
+    attention, feed_forward = attention_and_feed_forward_layers(case)
+    formula = mnp.payload_per_layer("tensor", world_size=world_size, batch=B, seq_len=T, d_model=d,
+                                    n_heads=case["n_heads"], n_kv_heads=case["n_kv_heads"],
+                                    d_head=d // case["n_heads"])
+    element_size = 8 if case["dtype"] == "float64" else 4
+    for result in results[world_size][index]:
+        payload = result["traffic"]["payload"]
+        assert set(payload) == {"all_reduce/forward", "all_reduce/backward"}
+        for direction in ("forward", "backward"):
+            counted = payload[f"all_reduce/{direction}"]
+            expected = formula[direction]["all_reduce"] * attention + B * T * d * feed_forward
+            assert counted["elements"] == expected
+            assert counted["calls"] == attention + feed_forward
+            assert counted["bytes"] == expected * element_size

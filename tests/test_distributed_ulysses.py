@@ -1,0 +1,62 @@
+"""Sequence parallelism by all-to-all (Ulysses) equals one process; its payload is the formula.
+
+One launch per world size (P = 2 and 4, gloo on the CPU) runs every case.
+"""
+
+import pytest
+
+import mha.numpy as mnp
+from mha.distributed import launch
+from mha.distributed.equivalence import full_case, run_cases
+
+TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
+CASES = [
+    ("mha", dict(scheme="ulysses", module="mha", seed=31)),
+    ("mha causal, padded", dict(scheme="ulysses", module="mha", seed=32, causal=True, padding=True)),
+    ("gqa with RoPE h=8 h_kv=4, causal, padded", dict(scheme="ulysses", module="gqa", seed=33, n_heads=8,
+                                                      n_kv_heads=4, causal=True, padding=True)),
+    ("gqa h_kv=2 < P=4 (repeated), padded", dict(scheme="ulysses", module="gqa", seed=34, n_heads=8, n_kv_heads=2,
+                                                 padding=True)),
+    ("float64 causal, padded", dict(scheme="ulysses", module="mha", seed=35, causal=True, padding=True,
+                                    dtype="float64")),
+]
+WORLD_SIZES = (2, 4)
+
+
+@pytest.fixture(scope="module")
+def results():
+    out = {}
+    for world_size in WORLD_SIZES:
+        by_rank = launch(run_cases, world_size, [case for _, case in CASES], timeout=240)
+        out[world_size] = [[by_rank[rank][i] for rank in range(world_size)] for i in range(len(CASES))]
+    return out
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[name for name, _ in CASES])
+def test_equal_to_one_process(results, world_size, index):
+    case = full_case(CASES[index][1])
+    for rank, result in enumerate(results[world_size][index]):
+        errors = result["errors"]
+        worst = max(errors, key=errors.get)
+        assert errors[worst] < TOLERANCE[case["dtype"]], (rank, worst, errors[worst])
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[name for name, _ in CASES])
+def test_payload_is_the_formula(results, world_size, index):
+    """Four all-to-alls forward (q, k, v, out) and four backward, each rank handing B (T/P) d_head (2h + 2h_kv)
+    elements; key/value heads that P does not divide are repeated to h first (then 4h)."""
+    case = full_case(CASES[index][1])
+    h = case["n_heads"]
+    h_kv = case["n_kv_heads"] if case["module"] == "gqa" else h
+    moved_kv = h_kv if h_kv % world_size == 0 else h  # repeated to h when P does not divide h_kv
+    formula = mnp.payload_per_layer("ulysses", world_size=world_size, batch=case["batch"], seq_len=case["seq_len"],
+                                    d_model=case["d_model"], n_heads=h, n_kv_heads=moved_kv,
+                                    d_head=case["d_model"] // h)
+    for result in results[world_size][index]:
+        payload = result["traffic"]["payload"]
+        assert set(payload) == {"all_to_all/forward", "all_to_all/backward"}
+        for direction in ("forward", "backward"):
+            assert payload[f"all_to_all/{direction}"]["calls"] == 4
+            assert payload[f"all_to_all/{direction}"]["elements"] == formula[direction]["all_to_all"]

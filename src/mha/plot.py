@@ -281,3 +281,52 @@ def score_grid(scores, *, ax=None, title=None, xlabel="key position n", ylabel="
     if title:
         ax.set_title(title, fontsize=10)
     return ax
+
+
+def comm_compute_ratio(rows, *, size=3.8, link_styles=None):
+    """Communication time / compute time per layer against the number of devices P.
+
+    rows: records with fields model, scheme, link, P and ratio (attributes or dict keys),
+    e.g. `mha.experiments.parallel_costs.cost_table()`. One panel per model, one colour per
+    scheme, one line style per link (solid for the first, dashed for the second, ...), both
+    axes logarithmic, and a horizontal line at 1, where communication costs as much as the
+    compute. Returns the figure.
+    """
+    def field(row, name):
+        return row[name] if isinstance(row, dict) else getattr(row, name)
+
+    rows = list(rows)
+    if not rows:
+        raise ValueError("rows must hold at least one record (model, scheme, link, P, ratio)")
+    models, schemes, links = ({field(r, k): None for r in rows} for k in ("model", "scheme", "link"))
+    styles = dict(zip(links, ["-", "--", ":", "-."])) | (link_styles or {})
+    colours = dict(zip(schemes, plt.get_cmap("tab10").colors))
+    fig, axes = plt.subplots(1, len(models), figsize=(size * len(models) + 0.6, size * 0.85 + 0.9),
+                             sharey=True, squeeze=False, layout="constrained")
+    for ax, model in zip(axes.flat, models):
+        every_P = set()
+        for link in links:
+            for scheme in schemes:
+                points = sorted((field(r, "P"), field(r, "ratio")) for r in rows
+                                if (field(r, "model"), field(r, "scheme"), field(r, "link")) == (model, scheme, link))
+                if points:
+                    P, ratio = zip(*points)
+                    every_P.update(P)
+                    ax.plot(P, ratio, marker="o", ms=3.5, color=colours[scheme], ls=styles[link],
+                            label=f"{scheme}, {link}")
+        ax.axhline(1.0, color="black", lw=1, ls=(0, (1, 2)))
+        ax.text(min(every_P), 1.08, "communication = compute", fontsize=8, va="bottom", zorder=1.5,
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(sorted(every_P), labels=[str(p) for p in sorted(every_P)])
+        ax.minorticks_off()
+        ax.set_xlabel("number of GPUs P (log scale)")
+        ax.set_title(model, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes.flat[0].set_ylabel("communication time / compute time\n(one layer, forward; log scale)")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(links), frameon=False, fontsize=9)
+    fig.suptitle("Communication time over compute time in one layer, against the number of GPUs P",
+                 fontsize=11)
+    return fig

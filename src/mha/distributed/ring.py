@@ -89,14 +89,20 @@ def finite_or_zero(x):
     return torch.where(x.isfinite(), x, torch.zeros_like(x))
 
 
+# lse is kept in float64: a float32 lse of about 30 is off by up to 2e-6, and exp(s - lse) in the
+# backward would carry that error into every gradient. (B, h, T / P) numbers cost nothing.
+LSE_DTYPE = torch.float64
+
+
 def attend_block(q, k, v, allowed, scale):
-    """One partial result: (o (..., c_q, d_head), lse (..., c_q)) of queries q on keys k, values v."""
+    """One partial result: (o (..., c_q, d_head), lse (..., c_q), float64) of queries q on keys k, values v."""
     scores = masked_scores(q, k, allowed, scale)  # (..., c_q, c_k)
     row_max = finite_or_zero(scores.amax(dim=-1, keepdim=True))  # a row with no key: 0, not -inf
     p = torch.exp(scores - row_max)  # (..., c_q, c_k); 0 where masked
     total = p.sum(dim=-1, keepdim=True)  # (..., c_q, 1)
     o = (p @ v) / torch.where(total > 0, total, torch.ones_like(total))
-    return o, (row_max + torch.log(total)).squeeze(-1)  # (..., c_q); log 0 = -inf for a row with no key
+    lse = row_max.to(LSE_DTYPE) + torch.log(total.to(LSE_DTYPE))  # log 0 = -inf for a row with no key
+    return o, lse.squeeze(-1)  # (..., c_q, d_head), (..., c_q)
 
 
 def merge_partials(out_a, lse_a, out_b, lse_b):
@@ -106,7 +112,8 @@ def merge_partials(out_a, lse_a, out_b, lse_b):
     The twin of mha.numpy.merge_partials."""
     lse = torch.logaddexp(lse_a, lse_b)  # (..., T_q)
     safe = finite_or_zero(lse)
-    weight_a, weight_b = torch.exp(lse_a - safe)[..., None], torch.exp(lse_b - safe)[..., None]  # (..., T_q, 1)
+    weight_a = torch.exp(lse_a - safe).to(out_a.dtype)[..., None]  # (..., T_q, 1)
+    weight_b = torch.exp(lse_b - safe).to(out_b.dtype)[..., None]
     return weight_a * out_a + weight_b * out_b, lse
 
 
@@ -123,7 +130,8 @@ class RingAttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, plan):
         c, n_rep = plan.chunk, q.shape[-3] // k.shape[-3]
         outs = [torch.zeros_like(chunk(q, a, c)) for a in range(2)]  # (B, h, c, d_head) each
-        lses = [q.new_full((*q.shape[:-2], c), float("-inf")) for _ in range(2)]  # (B, h, c) each
+        lses = [torch.full((*q.shape[:-2], c), float("-inf"), dtype=LSE_DTYPE, device=q.device)
+                for _ in range(2)]  # (B, h, c) each
         block, n_pairs = (k, v), 0
         for step in range(plan.world_size):
             owner = (plan.rank - step) % plan.world_size
@@ -158,7 +166,8 @@ class RingAttentionFunction(torch.autograd.Function):
             for a, b, allowed in plan.pairs(owner, q.device):
                 q_a, dout_a = chunk(q, a, c), chunk(d_out, a, c)  # (B, h, c, d_head)
                 k_b, v_b = repeat_kv(chunk(k_held, b, c), n_rep), repeat_kv(chunk(v_held, b, c), n_rep)
-                p = torch.exp(masked_scores(q_a, k_b, allowed, plan.scale) - chunk(lse, a, c))  # (B, h, c, c)
+                scores = masked_scores(q_a, k_b, allowed, plan.scale)  # (B, h, c, c)
+                p = torch.exp((scores.to(LSE_DTYPE) - chunk(lse, a, c)).to(q.dtype))  # the softmax's weights
                 d_scores = p * (dout_a @ v_b.transpose(-2, -1) - chunk(delta, a, c))  # (B, h, c, c)
                 chunk(d_q, a, c).add_(d_scores @ k_b, alpha=plan.scale)
                 chunk(dk_held, b, c).add_(fold_groups(d_scores.transpose(-2, -1) @ q_a, h_kv), alpha=plan.scale)

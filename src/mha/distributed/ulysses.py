@@ -39,15 +39,16 @@ def ulysses_attention(q, k, v, *, causal=False, key_padding_mask=None, scale=Non
     q: (B, h, T / P, d_head) and k, v: (B, h_kv, T / P, d_head), this rank's positions
     (mha.distributed.split_sequence, layout "contiguous"); key_padding_mask: (B, T) for the whole
     sequence, True = may attend. Returns (B, h, T / P, d_head): this rank's positions of the
-    attention output. P must divide h; key/value heads are repeated to h when P does not divide
-    h_kv (more payload, the same result)."""
+    attention output. P must divide h. Key/value heads that P does not divide are repeated first:
+    to P heads, one per rank, when P is a multiple of h_kv, else to h (more payload, the same result)."""
     _, world_size = rank_and_world(group)
     h, h_kv = q.shape[-3], k.shape[-3]
     if h % world_size:
         raise ValueError(f"n_heads={h} is not divisible by world_size={world_size}: Ulysses gives each rank "
                          f"h / P whole heads")
     if h_kv % world_size:
-        k, v = repeat_kv(k, h // h_kv), repeat_kv(v, h // h_kv)  # (B, h, T / P, d_head): replicated
+        copies = world_size // h_kv if world_size % h_kv == 0 else h // h_kv
+        k, v = repeat_kv(k, copies), repeat_kv(v, copies)  # (B, h_kv * copies, T / P, d_head): replicated
     q, k, v = (heads_to_ranks(t, group) for t in (q, k, v))  # (B, h / P, T, d_head), (B, h_kv / P, T, d_head)
     mask = key_padding_as_mask(key_padding_mask, q)  # (B, 1, 1, T) or None
     out, _ = grouped_attention(q, k, v, 0, causal=causal, mask=mask, scale=scale)  # (B, h / P, T, d_head)

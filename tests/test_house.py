@@ -31,6 +31,8 @@ NUMPY_NAMES = [
     "rms_norm", "gated_feed_forward", "swiglu", "geglu", "soft_cap", "sliding_window_mask", "rotary_frequencies",
     "rotary_at", "transformer_lm", "filter_logits", "generate", "apply_temperature", "top_k_filter", "top_p_filter",
     "loss_to_bits_per_character",
+    "shard_by_heads", "tensor_parallel_attention", "all_reduce", "all_to_all", "ulysses_attention", "sequence_chunks",
+    "attention_partial", "merge_partials", "ring_attention", "all_reduce_bytes", "payload_per_layer", "wire_bytes",
 ]
 TORCH_NAMES = [
     "scaled_dot_product_attention", "chunked_attention", "split_heads", "merge_heads", "causal_mask",
@@ -109,7 +111,16 @@ def test_faces_never_import_the_experiments_or_the_checks():
     for module in MODULES:
         if module.startswith(("mha.numpy", "mha.torch", "mha.validate")):
             found, _, _ = imports_of(module_file(module))
-            assert not {n for n in found if n.startswith(("mha.experiments", "mha.checks"))}, module
+            assert not {n for n in found if n.startswith(("mha.experiments", "mha.checks", "mha.distributed"))}, module
+
+
+def test_distributed_imports_only_the_torch_face_and_the_ground_floor():
+    """mha.distributed is PyTorch only: it builds on the torch face, never on NumPy's or above it."""
+    for module in MODULES:
+        if module.startswith("mha.distributed"):
+            found, _, _ = imports_of(module_file(module))
+            outside = {n for n in found if not n.startswith(("mha.distributed", "mha.torch", "mha.validate"))}
+            assert not outside, (module, outside)
 
 
 @pytest.mark.parametrize("package", ["mha.numpy", "mha.torch"])

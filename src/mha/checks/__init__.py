@@ -18,7 +18,7 @@ The answers are compared with a copy of `mha.numpy` taken when `mha.checks` is
 imported (`mha.checks.reference`), so reassigning `mha.numpy.softmax` changes
 nothing; and a solution that calls the very function it should replace is refused
 (`mha.checks.own_work`). Each chapter's checks live in `mha.checks.ch01` ...
-`mha.checks.ch14`, with their cases and their catalogue of classic mistakes side by
+`mha.checks.ch15`, with their cases and their catalogue of classic mistakes side by
 side; the machinery that registers and runs them is `mha.checks.registry`.
 """
 
@@ -38,6 +38,7 @@ from mha.checks.ch12 import check_apply_rotary, check_attend_with_cache, check_k
 from mha.checks.ch13 import check_rms_norm, check_sliding_window_mask, check_soft_cap, check_swiglu
 from mha.checks.ch14 import (check_apply_temperature, check_loss_to_bits_per_character, check_top_k_filter,
                              check_top_p_filter)
+from mha.checks.ch15 import check_all_reduce_bytes, check_merge_partials, check_shard_by_heads
 from mha.checks.registry import CheckFailed
 
 __all__ = [
@@ -58,4 +59,5 @@ __all__ = [
     "check_rms_norm", "check_swiglu", "check_soft_cap", "check_sliding_window_mask",  # chapter 13
     "check_apply_temperature", "check_top_k_filter", "check_top_p_filter",
     "check_loss_to_bits_per_character",  # chapter 14
+    "check_shard_by_heads", "check_merge_partials", "check_all_reduce_bytes",  # chapter 15
 ]

@@ -17,7 +17,8 @@ against its layer's, `layer_scales`), and the payload and work counted.
 import torch
 import torch.distributed as dist
 
-from mha.distributed import comm
+import mha.distributed.comm as comm
+from mha.distributed.launcher import rank_device
 from mha.distributed.ring import RingAttention
 from mha.distributed.sequence import gather_sequence, split_sequence
 from mha.distributed.tensor import tensor_parallel, torch_tensor_parallel
@@ -199,8 +200,6 @@ def run_case(case, device, mesh=None):
 
 def run_cases(rank, world_size, cases):
     """Every case on this rank (a function for mha.distributed.launch): a list of results."""
-    from mha.distributed.launcher import rank_device
-
     device = rank_device()
     mesh = None
     if any(case.get("scheme") in ("torch_tensor", "tensor_vs_torch") for case in cases):

@@ -26,7 +26,7 @@ by the ranks it has visited, and a last step brings every block's gradients home
 import torch
 from torch import nn
 
-from mha.distributed import comm
+import mha.distributed.comm as comm
 from mha.distributed.sequence import (
     check_layout, check_module, check_sequence_length, chunk_indices, output, positions_of, project,
 )

@@ -13,6 +13,7 @@ Layouts of the sequence over P ranks, in 2P chunks of T / (2P) positions:
 """
 
 import torch
+import torch.distributed as dist
 
 from mha.distributed.tensor import as_grouped, rank_and_world
 from mha.torch.attention import MultiHeadAttention, merge_heads, split_heads
@@ -61,8 +62,6 @@ def split_sequence(x, layout="contiguous", group=None, dim=-2):
 def gather_sequence(x_local, layout="contiguous", group=None, dim=-2):
     """The whole sequence from every rank's part (an all-gather, not counted: a check, not the
     scheme): (..., T / P, ...) -> (..., T, ...) in position order, on every rank."""
-    import torch.distributed as dist
-
     rank, world_size = rank_and_world(group)
     parts = [torch.empty_like(x_local) for _ in range(world_size)]
     dist.all_gather(parts, x_local.contiguous(), group=group)

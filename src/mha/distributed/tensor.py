@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mha import validate
-from mha.distributed import comm
+import mha.distributed.comm as comm
 from mha.torch.attention import MultiHeadAttention
 from mha.torch.blocks import EncoderBlock, FeedForward
 from mha.torch.grouped import GroupedQueryAttention

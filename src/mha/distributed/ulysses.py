@@ -16,7 +16,7 @@ elements, of which (P - 1) / P leave the rank.
 import torch
 from torch import nn
 
-from mha.distributed import comm
+import mha.distributed.comm as comm
 from mha.distributed.sequence import check_module, key_padding_as_mask, output, positions_of, project
 from mha.distributed.tensor import rank_and_world
 from mha.torch.grouped import grouped_attention, repeat_kv

@@ -18,6 +18,8 @@ The modules, each importing only those above it:
     positions  positions added to tokens (learned, sinusoidal) or to the scores (ALiBi)
     model      a decoder-only Transformer (a small GPT), its loss, warm-up and greedy generation
     lm         transformer_lm: today's decoder-only models (GPT-2, Llama, Qwen, Gemma, OLMo 2) as one function
+    sharding   heads across devices, the ranks simulated as a list: tensor, Ulysses and ring parallelism,
+               the collectives, the online-softmax merge, and the payload and bytes they move
 Import the face, not the modules: `import mha.numpy as mnp`.
 """
 
@@ -45,6 +47,10 @@ from mha.numpy.lm import transformer_lm
 from mha.numpy.parts import gated_feed_forward, geglu, rms_norm, silu, soft_cap, swiglu
 from mha.numpy.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
 from mha.numpy.rotary import apply_rotary, rotary_at, rotary_embedding, rotary_frequencies, rotate_half
+from mha.numpy.sharding import (
+    all_reduce, all_reduce_bytes, all_to_all, attention_partial, merge_partials, payload_per_layer, ring_attention,
+    sequence_chunks, shard_by_heads, tensor_parallel_attention, ulysses_attention, wire_bytes,
+)
 from mha.numpy.positions import (
     add_positions, alibi_bias, alibi_slopes, sinusoidal_frequencies, sinusoidal_positions, sinusoidal_shift,
 )
@@ -73,4 +79,7 @@ __all__ = [
     "transformer_lm", "rotary_frequencies", "rotary_at", "rms_norm", "silu", "gated_feed_forward", "swiglu", "geglu", "soft_cap",
     # sampling (chapter 14)
     "filter_logits", "generate", "apply_temperature", "top_k_filter", "top_p_filter", "loss_to_bits_per_character",
+    # heads across devices, ranks simulated as a list (chapter 15)
+    "shard_by_heads", "tensor_parallel_attention", "all_reduce", "all_to_all", "ulysses_attention", "sequence_chunks",
+    "attention_partial", "merge_partials", "ring_attention", "all_reduce_bytes", "payload_per_layer", "wire_bytes",
 ]

@@ -14,6 +14,11 @@
   per way of adding positions, trained and tested at other lengths (chapter 10).
 - `induction`: repeated segments of letters, a small decoder-only Transformer trained on them,
   and the scores, knock-outs and shipped weights that find its induction heads (chapter 11).
+- `writing`: chapter 14's language models of real code, measured (bits per character,
+  induction heads).
+- `parallel`: chapter 15's one launch (every scheme of `mha.distributed` against one process),
+  and `parallel_costs`: its cost model of compute against communication for Llama-2 7B and 70B
+  on NVLink and InfiniBand, with the sources of its constants.
 - `seeds`: claims over seeds: sweeps (an experiment run on many seeds), their tables stored in
   `seed_tables/` by tools/seed_sweeps.py, read by the chapters and re-derived by the tests.
   Each chapter's sweeps live beside its experiment (`tasks`: ch02_*, `stacks`: ch06_*, `heads`: ch07_*,

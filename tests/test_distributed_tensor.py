@@ -63,6 +63,23 @@ def attention_and_feed_forward_layers(case):
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("name", ["gqa h=8 h_kv=2 padded", "gqa h=4 h_kv=1 causal"])
+def test_replicated_key_value_heads_take_the_whole_gradient(results, world_size, name):
+    """When P > h_kv, each rank holds a replica of one key/value head; after
+    reduce_replicated_gradients() every replica's gradient is the single-process one, so that every
+    replica takes the same optimizer step."""
+    index = [n for n, _ in CASES].index(name)
+    case = full_case(CASES[index][1])
+    for result in results[world_size][index]:
+        replicas = {k: v for k, v in result["errors"].items() if k.endswith("(replica)")}
+        if case["n_kv_heads"] < world_size:
+            assert set(replicas) == {"grad W_k.weight (replica)", "grad W_v.weight (replica)"}
+            assert max(replicas.values()) < 1e-5
+        else:
+            assert not replicas
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("index", [i for i, (_, c) in enumerate(CASES) if c["scheme"] == "tensor"],
                          ids=[name for name, c in CASES if c["scheme"] == "tensor"])
 def test_payload_is_the_formula(results, world_size, index):

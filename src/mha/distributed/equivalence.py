@@ -139,7 +139,20 @@ def tensor_run(module, case, x, keep, g, torch_mesh=None):
     else:
         grads = {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad)
                  for name, p in split.named_parameters()}
-    return out.detach(), x.grad, grads
+    return (out.detach(), x.grad, grads), split
+
+
+def replica_errors(split, ref_grads):
+    """After split.reduce_replicated_gradients(), each replicated key/value head's gradient on this
+    rank against its slice of the single-process gradient: {"grad NAME (replica)": error}."""
+    split.reduce_replicated_gradients()
+    scales = layer_scales(ref_grads)
+    found = {}
+    for parameter, full_name, shard in split.all_shards():
+        if shard.replicated_slice:
+            reference = ref_grads[full_name].index_select(shard.dim, shard.index.to(parameter.device))
+            found[f"grad {full_name} (replica)"] = relative_error(parameter.grad, reference, scales[full_name])
+    return found
 
 
 def run_split(split, case, x, keep):
@@ -184,18 +197,22 @@ def run_case(case, device, mesh=None):
     case = full_case(case)
     module, x, keep, g, ref_out, ref_x_grad, ref_grads = reference_run(case, device)
     with comm.count_payload() as traffic:
+        split = None
         if case["scheme"] == "tensor":
-            ours = tensor_run(module, case, x, keep, g)
+            ours, split = tensor_run(module, case, x, keep, g)
         elif case["scheme"] == "torch_tensor":
-            ours = tensor_run(module, case, x, keep, g, torch_mesh=mesh)
+            ours, _ = tensor_run(module, case, x, keep, g, torch_mesh=mesh)
         elif case["scheme"] == "tensor_vs_torch":  # ours against PyTorch's parallelize_module, directly
-            ours = tensor_run(module, case, x, keep, g)
-            ref_out, ref_x_grad, ref_grads = tensor_run(module, case, x, keep, g, torch_mesh=mesh)
+            ours, _ = tensor_run(module, case, x, keep, g)
+            (ref_out, ref_x_grad, ref_grads), _ = tensor_run(module, case, x, keep, g, torch_mesh=mesh)
         elif case["scheme"] in ("ulysses", "ring"):
             ours = sequence_run(module, case, x, keep, g)
         else:
             raise ValueError(f'scheme must be one of {SCHEMES}, got {case["scheme"]!r}')
-    return {"errors": errors(ours, (ref_out, ref_x_grad, ref_grads)), "traffic": traffic.as_dict()}
+    found = errors(ours, (ref_out, ref_x_grad, ref_grads))
+    if split is not None:  # replicas summed, outside the counted step: an optimizer's concern
+        found.update(replica_errors(split, ref_grads))
+    return {"errors": found, "traffic": traffic.as_dict()}
 
 
 def run_cases(rank, world_size, cases):

@@ -24,6 +24,10 @@ The modules, each also runnable alone (`python -m benchmarks.speed`):
   training  chapter 14: a whole training step of the course's language model against the same
             model written with PyTorch's layers (target <= 1.10x), and cached sampling in
             tokens per second against sampling that reads every token again
+  distributed  chapter 15: time per training step of one attention layer split over P = 1, 2
+            and 4 processes (tensor parallelism, Ulysses, ring attention), and the payload each
+            rank hands to collectives and puts on the wire; on 2 cores this measures the
+            overhead of splitting, not speed-up
   gpu       the GPU run (bf16/fp16, long T, fused kernels); says so and exits 0
             without a GPU. Not part of `python -m benchmarks`: run it on the GPU machine.
 

@@ -4,11 +4,12 @@ import argparse
 import sys
 import time
 
-from benchmarks import decoding, generation, memory, speed, sweeps, training
+from benchmarks import decoding, distributed, generation, memory, speed, sweeps, training
 from benchmarks.harness import machine
 
-MODULES = (speed, sweeps, memory, generation, decoding, training)
-NAMES = [*speed.TABLES, *sweeps.TABLES, "memory", *generation.TABLES, *decoding.TABLES, *training.TABLES]
+MODULES = (speed, sweeps, memory, generation, decoding, training, distributed)
+NAMES = [*speed.TABLES, *sweeps.TABLES, "memory", *generation.TABLES, *decoding.TABLES, *training.TABLES,
+         *distributed.TABLES]
 
 
 def main(argv=None):

@@ -17,12 +17,12 @@ from mha import benchmark_results
 
 sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the repository, not an installed package
 from benchmarks import decoding, generation, gpu, harness, memory, speed, sweeps  # noqa: E402
-from benchmarks import training  # noqa: E402
+from benchmarks import distributed, training  # noqa: E402
 
 RESULTS = ROOT / "src" / "mha" / "benchmark_results"
 STORED = ["mha_vs_pytorch", "encoder_vs_pytorch", "numpy_vs_pytorch", "causal", "sweep_T", "sweep_h",
           "loop_vs_fused", "memory", "generation", "kv_cache_memory", "gqa_vs_pytorch", "decoding_vs_transformers",
-          "generate_vs_transformers", "training_vs_pytorch", "sampling_speed"]
+          "generate_vs_transformers", "training_vs_pytorch", "sampling_speed", "distributed_step"]
 
 
 def positive(value):
@@ -505,3 +505,40 @@ def test_the_library_loads_its_stored_tables():
     with pytest.raises(TypeError, match="name must be a table name"):
         benchmark_results.load(3)
 
+
+def test_distributed_table_runs_at_tiny_size_and_counts_the_formulas_payload():
+    """One launch per P (1 and 2): every scheme checked against one process, timed (positive times,
+    no timing asserted), and the payload per rank equal to mnp.payload_per_layer."""
+    table = distributed.run(tiny=True)[0]
+    size = distributed.TINY
+    B, T, d, h = size["batch"], size["seq_len"], size["d_model"], size["n_heads"]
+    assert table.name == "distributed_step" and size["world_sizes"] == (1, 2)
+    assert [(row["P"], row["scheme"]) for row in table.rows] == \
+        [(P, name) for P in (1, 2) for name in ("one process", "tensor", "ulysses", "ring zigzag", "ring contiguous")]
+    assert table.settings["threads per rank"] == 1 and table.settings["rounds"] == size["rounds"]
+    assert table.notes.startswith("a 2-core machine measures the overhead of splitting (processes, gloo over "
+                                  "loopback), not speed-up: 4 processes share 2 cores")
+    for row in table.rows:
+        P = row["P"]
+        assert positive(row["fastest rank (ms)"]) and row["fastest rank (ms)"] <= row["ms/step (slowest rank)"]
+        check_ratio_columns(row, "ratio to one process", "min", "max")
+        assert 0 <= row["output gap"] <= 1e-5 and 0 <= row["gradient gap"] <= 1e-4
+        if row["scheme"] == "one process":
+            assert row["ratio to one process"] == 1.0 and row["collective"] == "" and row["wire (bytes/step)"] == 0
+            continue
+        scheme, op = distributed.SCHEMES[row["scheme"]][0], row["collective"]
+        assert op == {"tensor": "all_reduce", "ulysses": "all_to_all", "ring": "send"}[scheme]
+        formula = mnp.payload_per_layer(scheme, world_size=P, batch=B, seq_len=T, d_model=d, n_heads=h,
+                                        n_kv_heads=h, d_head=d // h)
+        expected = {direction: formula[direction][op] for direction in ("forward", "backward")}
+        if scheme == "ring" and P == 1:  # a lone rank passes nothing on: its gradients are already home
+            assert expected == {"forward": 0, "backward": 0}
+        assert (row["fwd (elements)"], row["bwd (elements)"]) == (expected["forward"], expected["backward"]), row
+        assert (row["fwd (bytes)"], row["bwd (bytes)"]) == (4 * expected["forward"], 4 * expected["backward"])
+        share = {"all_reduce": 2 * (P - 1) / P, "all_to_all": (P - 1) / P, "send": 1}[op]
+        assert row["wire (bytes/step)"] == round(share * 4 * (expected["forward"] + expected["backward"]))
+    rows = {(row["P"], row["scheme"]): row for row in table.rows}
+    assert rows[2, "tensor"]["fwd (elements)"] == B * T * d  # the whole output, summed over ranks
+    assert rows[2, "tensor"]["wire (bytes/step)"] == 2 * 4 * B * T * d  # 2(P - 1)/P = 1 payload, each pass
+    assert rows[2, "ulysses"]["fwd (elements)"] == 4 * B * (T // 2) * d  # q, k, v and out of T/2 positions
+    assert rows[2, "ring zigzag"]["bwd (elements)"] == 3 * rows[2, "ring zigzag"]["fwd (elements)"] == 3 * B * T * d

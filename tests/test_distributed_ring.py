@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import mha.numpy as mnp
-from mha.distributed import launch, merge_partials, positions_of, ring_attention
-from mha.distributed.equivalence import full_case, run_cases
+from mha.distributed import merge_partials, positions_of, ring_attention
+from distributed_cases import WORLD_SIZES, assert_equal_to_one_process, launch_cases
+from mha.distributed.equivalence import full_case
 
-TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
 CASES = [
     ("zigzag causal, padded", dict(scheme="ring", module="mha", seed=21, causal=True, padding=True)),
     ("contiguous causal, padded", dict(scheme="ring", module="mha", seed=22, causal=True, padding=True,
@@ -27,26 +27,18 @@ CASES = [
     ("padding longer than a chunk", dict(scheme="ring", module="mha", seed=28, causal=True, padding=True, pad=9,
                                          seq_len=32)),
 ]
-WORLD_SIZES = (2, 4)
 
 
 @pytest.fixture(scope="module")
 def results():
-    out = {}
-    for world_size in WORLD_SIZES:
-        by_rank = launch(run_cases, world_size, [case for _, case in CASES], timeout=240)
-        out[world_size] = [[by_rank[rank][i] for rank in range(world_size)] for i in range(len(CASES))]
-    return out
+    """{P: [per case: [per rank: result]]}: one launch per world size."""
+    return launch_cases(CASES)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[name for name, _ in CASES])
 def test_equal_to_one_process(results, world_size, index):
-    case = full_case(CASES[index][1])
-    for rank, result in enumerate(results[world_size][index]):
-        errors = result["errors"]
-        worst = max(errors, key=errors.get)
-        assert errors[worst] < TOLERANCE[case["dtype"]], (rank, worst, errors[worst])
+    assert_equal_to_one_process(results[world_size][index], CASES[index][1])
 
 
 def chunk_pairs(rank, world_size, layout, causal):

@@ -8,10 +8,9 @@ equivalence). Relative errors are max |ours - one process| / max |one process|.
 import pytest
 
 import mha.numpy as mnp
-from mha.distributed import launch
-from mha.distributed.equivalence import full_case, run_cases
+from distributed_cases import WORLD_SIZES, assert_equal_to_one_process, launch_cases
+from mha.distributed.equivalence import full_case
 
-TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
 
 # (name, case): MultiHeadAttention, GroupedQueryAttention (RoPE; key/value heads split, one per rank,
 # and replicated when P > h_kv), the encoder block, today's decoder block, with causal and padding masks.
@@ -33,29 +32,19 @@ CASES = [
                                                       causal=True, padding=True)),
     ("parallelize_module = one process", dict(scheme="torch_tensor", module="mha", seed=12, padding=True)),
 ]
-WORLD_SIZES = (2, 4)
 
 
 @pytest.fixture(scope="module")
 def results():
     """{P: [per case: [per rank: result]]}: one launch per world size."""
-    out = {}
-    for world_size in WORLD_SIZES:
-        by_rank = launch(run_cases, world_size, [case for _, case in CASES], timeout=240)
-        out[world_size] = [[by_rank[rank][i] for rank in range(world_size)] for i in range(len(CASES))]
-    return out
+    return launch_cases(CASES)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[name for name, _ in CASES])
 def test_equal_to_one_process(results, world_size, index):
     """Output, input gradient and every parameter's gradient, on every rank."""
-    case = full_case(CASES[index][1])
-    for rank, result in enumerate(results[world_size][index]):
-        errors = result["errors"]
-        assert len(errors) > 3  # the output, x's gradient, and the parameters'
-        worst = max(errors, key=errors.get)
-        assert errors[worst] < TOLERANCE[case["dtype"]], (rank, worst, errors[worst])
+    assert_equal_to_one_process(results[world_size][index], CASES[index][1])
 
 
 def attention_and_feed_forward_layers(case):

@@ -6,10 +6,9 @@ One launch per world size (P = 2 and 4, gloo on the CPU) runs every case.
 import pytest
 
 import mha.numpy as mnp
-from mha.distributed import launch
-from mha.distributed.equivalence import full_case, run_cases
+from distributed_cases import WORLD_SIZES, assert_equal_to_one_process, launch_cases
+from mha.distributed.equivalence import full_case
 
-TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
 CASES = [
     ("mha", dict(scheme="ulysses", module="mha", seed=31)),
     ("mha causal, padded", dict(scheme="ulysses", module="mha", seed=32, causal=True, padding=True)),
@@ -22,26 +21,18 @@ CASES = [
     ("float64 causal, padded", dict(scheme="ulysses", module="mha", seed=35, causal=True, padding=True,
                                     dtype="float64")),
 ]
-WORLD_SIZES = (2, 4)
 
 
 @pytest.fixture(scope="module")
 def results():
-    out = {}
-    for world_size in WORLD_SIZES:
-        by_rank = launch(run_cases, world_size, [case for _, case in CASES], timeout=240)
-        out[world_size] = [[by_rank[rank][i] for rank in range(world_size)] for i in range(len(CASES))]
-    return out
+    """{P: [per case: [per rank: result]]}: one launch per world size."""
+    return launch_cases(CASES)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[name for name, _ in CASES])
 def test_equal_to_one_process(results, world_size, index):
-    case = full_case(CASES[index][1])
-    for rank, result in enumerate(results[world_size][index]):
-        errors = result["errors"]
-        worst = max(errors, key=errors.get)
-        assert errors[worst] < TOLERANCE[case["dtype"]], (rank, worst, errors[worst])
+    assert_equal_to_one_process(results[world_size][index], CASES[index][1])
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 import mha.numpy as mnp
+import mha.torch as mt
 from mha.distributed import merge_partials, positions_of, ring_attention
 from distributed_cases import WORLD_SIZES, assert_equal_to_one_process, launch_cases
 from mha.distributed.equivalence import full_case
+from mha.distributed.sequence import check_module
 
 CASES = [
     ("zigzag causal, padded", dict(scheme="ring", module="mha", seed=21, causal=True, padding=True)),
@@ -134,3 +136,17 @@ def test_merge_equals_numpy_and_the_whole(seed):
     assert not np.isnan(ours.numpy()).any()
     big, big_lse = merge_partials(*(torch.from_numpy(a) for a in (out_a, lse_a + 1e4, out_b, lse_b + 1e4)))
     np.testing.assert_allclose(big.numpy(), whole, rtol=1e-9, atol=1e-11)  # lse + 1e4 keeps 12 digits of a difference
+
+
+def test_what_the_sequence_schemes_refuse():
+    """Ring attention and Ulysses compute softmax attention with causal and padding masks: a sliding
+    window, soft-capping and dynamic NTK (which needs the whole length) are refused by name."""
+    with pytest.raises(ValueError, match="sliding_window and logit_cap are not computed"):
+        check_module(mt.GroupedQueryAttention(8, 2, 2, sliding_window=4), "ring attention")
+    with pytest.raises(ValueError, match="sliding_window and logit_cap are not computed"):
+        check_module(mt.GroupedQueryAttention(8, 2, 2, logit_cap=30.0), "Ulysses")
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 16}
+    with pytest.raises(ValueError, match="dynamic NTK"):
+        check_module(mt.GroupedQueryAttention(8, 2, 2, rope_base=10000.0, rope_scaling=dynamic), "Ulysses")
+    with pytest.raises(TypeError, match="MultiHeadAttention or GroupedQueryAttention"):
+        check_module(torch.nn.MultiheadAttention(8, 2), "ring attention")

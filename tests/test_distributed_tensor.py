@@ -6,10 +6,14 @@ equivalence). Relative errors are max |ours - one process| / max |one process|.
 """
 
 import pytest
+from torch import nn
 
 import mha.numpy as mnp
+import mha.torch as mt
 from distributed_cases import WORLD_SIZES, assert_equal_to_one_process, launch_cases
+from mha.distributed import tensor_parallel
 from mha.distributed.equivalence import full_case
+from mha.distributed.tensor import as_grouped, check_heads_split, kv_heads
 
 
 # (name, case): MultiHeadAttention, GroupedQueryAttention (RoPE; key/value heads split, one per rank,
@@ -90,3 +94,23 @@ def test_payload_is_the_formula(results, world_size, index):
             assert counted["elements"] == expected
             assert counted["calls"] == attention + feed_forward
             assert counted["bytes"] == expected * element_size
+
+
+def test_refusals_without_a_process_group():
+    """What cannot be split is refused before any collective: the wrong module, heads that P does not
+    divide (nor replicates), OLMo 2's QK-norm over all heads, dropout; and a split outside a group."""
+    with pytest.raises(TypeError, match="tensor_parallel splits a MultiHeadAttention.*got Linear"):
+        tensor_parallel(nn.Linear(4, 4))
+    with pytest.raises(RuntimeError, match="process group.*launch"):
+        tensor_parallel(mt.MultiHeadAttention(8, 2))
+    with pytest.raises(ValueError, match="n_heads=6 is not divisible by world_size=4"):
+        check_heads_split(6, 6, 4)
+    with pytest.raises(ValueError, match="n_kv_heads=3 and world_size=2"):
+        check_heads_split(6, 3, 2)
+    check_heads_split(8, 2, 4)  # replicated: each rank holds a copy of one key/value head
+    assert [list(kv_heads(8, 2, 4, r)) for r in range(4)] == [[0], [0], [1], [1]]
+    assert [list(kv_heads(8, 4, 2, r)) for r in range(2)] == [[0, 1], [2, 3]]
+    with pytest.raises(ValueError, match='qk_norm="all"'):
+        as_grouped(mt.GroupedQueryAttention(8, 2, 2, qk_norm="all"))
+    with pytest.raises(ValueError, match="dropout=0.1"):
+        as_grouped(mt.MultiHeadAttention(8, 2, dropout=0.1))

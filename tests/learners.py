@@ -9,9 +9,12 @@ and replays are wrong solutions that remember what an earlier check asked and an
 
 import inspect
 import io
+import json
+import re
 import sys
 import textwrap
 from contextlib import contextmanager, redirect_stdout
+from pathlib import Path
 
 import numpy as np
 
@@ -178,3 +181,18 @@ def student_edition(name, monkeypatch):
                     monkeypatch.setattr(module, absent, switched_off)
     monkeypatch.setitem(sys.modules, "torch", None)
     yield
+
+
+BOOK = Path(__file__).resolve().parent.parent / "book"
+
+
+def exercise_texts(chapter):
+    """The text of each checked exercise of book/<chapter>_*.ipynb, by the check's name ({} when the
+    chapter is not written yet)."""
+    found = sorted(BOOK.glob(f"{chapter:02d}_*.ipynb"))
+    if not found:
+        return {}
+    notebook = json.loads(found[0].read_text())
+    texts = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"]
+    return {re.search(r"checked by `check_(\w+)`", t).group(1): t for t in texts
+            if ":::{exercise}" in t and "checked by `check_" in t}

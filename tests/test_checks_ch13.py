@@ -4,21 +4,18 @@ that a learner writes fails on a fixed named case, on every seed, with the hint 
 place is refused; and what each exercise may not call (`forbids`) agrees with its text, so that the student
 edition of mha refuses the library's routes to the answer."""
 
-import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from learners import SEEDS, failures_on_every_seed, run, student_edition
+from learners import SEEDS, exercise_texts, failures_on_every_seed, run, student_edition
 
 import mha.numpy as mnp
 from mha.checks.compare import compare_result
 from mha.checks.registry import CHECKS, expected_answer
 
 CHAPTER_13 = ["rms_norm", "swiglu", "soft_cap", "sliding_window_mask"]
-BOOK = Path(__file__).resolve().parents[1] / "book"
 
 
 def hint_of(message):
@@ -215,17 +212,9 @@ def test_an_input_written_in_place_is_refused_on_every_seed(name, fn, argument):
 # What each exercise may not call, and the library's routes to its answer -----------------------------------
 
 
-def exercise_texts():
-    """The text of each checked exercise of chapter 13, by the check's name."""
-    notebook = json.loads(next(BOOK.glob("13_*.ipynb")).read_text())
-    texts = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"]
-    return {re.search(r"checked by `check_(\w+)`", t).group(1): t for t in texts
-            if ":::{exercise}" in t and "checked by `check_" in t}
-
-
 def test_no_exercise_of_chapter_13_asks_for_an_error():
     """No exercise text asks for a ValueError: if one ever does, its check needs a Case with raises=."""
-    texts = exercise_texts()
+    texts = exercise_texts(13)
     assert sorted(texts) == sorted(CHAPTER_13)
     for name, text in texts.items():
         assert not re.search(r"ValueError|TypeError|\braise", text), name
@@ -238,7 +227,7 @@ RULED_OUT_BY_NAME = {"rms_norm": {"layer_norm"}, "swiglu": {"silu", "gated_feed_
 
 @pytest.mark.parametrize("name", CHAPTER_13)
 def test_forbids_names_library_functions_and_never_what_the_text_permits(name):
-    check, text = CHECKS[name], " ".join(exercise_texts()[name].split())
+    check, text = CHECKS[name], " ".join(exercise_texts(13)[name].split())
     assert set(check.forbids) <= set(mnp.__all__) and name not in check.forbids
     assert "with NumPy" in text or "NumPy" in check.may_use
     for forbidden in check.forbids:

@@ -6,7 +6,6 @@ the traps are in the named cases (ties at the k-th value, the top-p boundary rea
 each exercise may not call (`forbids`) agrees with its text, so that the student edition of mha refuses the
 library's routes to the answer."""
 
-import json
 import math
 import re
 import sys
@@ -17,7 +16,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from learners import SEEDS, failures_on_every_seed, run, student_edition
+from learners import SEEDS, exercise_texts, failures_on_every_seed, run, student_edition
 
 import mha.numpy as mnp
 from mha.checks import ch14
@@ -447,19 +446,11 @@ def test_a_solution_from_scratch_passes_in_the_student_edition(fn, monkeypatch):
 CHAPTER = next(iter(sorted((ROOT / "book").glob("14_*.ipynb"))), None)
 
 
-def exercise_texts():
-    """The text of each checked exercise of chapter 14, by the check's name."""
-    notebook = json.loads(CHAPTER.read_text())
-    texts = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"]
-    return {re.search(r"checked by `check_(\w+)`", t).group(1): t for t in texts
-            if ":::{exercise}" in t and "checked by `check_" in t}
-
-
 @pytest.mark.skipif(CHAPTER is None, reason="chapter 14 is not written yet: its exercises' text cannot be read")
 def test_the_exercises_text_agrees_with_the_checks():
     """Each check's exercise exists, asks for no error, rules out by name what the check forbids, and never
     permits it; the top-p exercise says where its cut is (the mass of the tokens above < p)."""
-    texts = {name: " ".join(text.split()) for name, text in exercise_texts().items()}
+    texts = {name: " ".join(text.split()) for name, text in exercise_texts(14).items()}
     assert sorted(texts) == sorted(CHAPTER_14)
     for name, text in texts.items():
         assert not re.search(r"ValueError|TypeError|\braise", text), name

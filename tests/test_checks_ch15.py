@@ -7,7 +7,6 @@ answer or a check handed no function gets a plain message; and what each exercis
 agrees with its text, so that the student edition of mha refuses the library's routes to the answer."""
 
 import io
-import json
 import re
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -15,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from learners import SEEDS, student_edition
+from learners import SEEDS, exercise_texts, student_edition
 
 import mha.numpy as mnp
 from mha.checks import ch15
 from mha.checks.compare import compare_result
-from mha.checks.registry import CHECKS, CheckFailed, expected_answer, run_check
+from mha.checks.registry import CHECKS, CheckFailed, expected_answer
 
 CHAPTER_15 = ["shard_by_heads", "merge_partials", "all_reduce_bytes"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -484,19 +483,11 @@ def test_a_solution_from_scratch_passes_in_the_student_edition(fn, monkeypatch):
 CHAPTER = next(iter(sorted((ROOT / "book").glob("15_*.ipynb"))), None)
 
 
-def exercise_texts():
-    """The text of each checked exercise of chapter 15, by the check's name."""
-    notebook = json.loads(CHAPTER.read_text())
-    texts = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"]
-    return {re.search(r"checked by `check_(\w+)`", t).group(1): t for t in texts
-            if ":::{exercise}" in t and "checked by `check_" in t}
-
-
 @pytest.mark.skipif(CHAPTER is None, reason="chapter 15 is not written yet: its exercises' text cannot be read")
 def test_the_exercises_text_agrees_with_the_checks():
     """Each check's exercise exists; shard_by_heads asks for a ValueError when P does not divide h (its last named
     case requires it), the other two ask for no error; each rules out by name what its check forbids."""
-    texts = {name: " ".join(text.split()) for name, text in exercise_texts().items()}
+    texts = {name: " ".join(text.split()) for name, text in exercise_texts(15).items()}
     assert sorted(texts) == sorted(CHAPTER_15)
     assert "ValueError" in texts["shard_by_heads"]
     for name in ("merge_partials", "all_reduce_bytes"):

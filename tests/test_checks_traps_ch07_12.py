@@ -5,16 +5,14 @@ solution written from scratch passes on every seed; and what each exercise may n
 `packages`) agrees with its text, so that a student edition of mha without those functions refuses the
 library's routes and keeps the permitted functions working."""
 
-import json
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 from learners import FROM_SCRATCH as CHAPTER_12_FROM_SCRATCH
 
-from learners import SEEDS, failures_on_every_seed, run, student_edition
+from learners import SEEDS, exercise_texts, failures_on_every_seed, run, student_edition
 
 import mha.numpy as mnp
 from mha.checks import registry
@@ -24,7 +22,6 @@ from mha.checks.registry import CHECKS, expected_answer
 CHAPTERS_7_TO_12 = ["attention_at_offset", "chunked_attention", "decoder_block", "sinusoidal_positions",
                     "alibi_bias", "causal_lm_loss", "generate_greedy", "repeat_kv", "apply_rotary",
                     "attend_with_cache", "kv_cache_bytes"]
-BOOK = Path(__file__).resolve().parents[1] / "book"
 
 
 def failures_on_every_seed_hinted_on_the_first(name, fn, monkeypatch):
@@ -524,14 +521,6 @@ def test_an_input_written_in_place_is_refused_on_every_seed(name, fn, argument):
 
 
 # An unknown name where the text requires an error ---------------------------------------------------
-
-
-def exercise_texts(chapter):
-    """The text of each checked exercise of book/<chapter>*.ipynb, by the check's name."""
-    notebook = json.loads(next(BOOK.glob(f"{chapter:02d}_*.ipynb")).read_text())
-    texts = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"]
-    return {re.search(r"checked by `check_(\w+)`", t).group(1): t for t in texts
-            if ":::{exercise}" in t and "checked by `check_" in t}
 
 
 def test_no_exercise_of_chapters_7_to_12_asks_for_an_error():

@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mha import validate
 import mha.distributed.comm as comm
 from mha.torch.attention import MultiHeadAttention
 from mha.torch.blocks import EncoderBlock, FeedForward

@@ -13,7 +13,6 @@ output), each rank handing its whole q, k, v and output: B (T / P) d_head (2h + 
 elements, of which (P - 1) / P leave the rank.
 """
 
-import torch
 from torch import nn
 
 import mha.distributed.comm as comm

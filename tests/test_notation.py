@@ -66,3 +66,14 @@ def test_every_symbol_of_the_chapter_is_on_the_notation_page(chapter):
     defined = symbols_in((ROOT / "book" / "notation.md").read_text())
     missing = sorted(symbols_in(chapter_markdown(chapter)) - defined)
     assert not missing, f"{chapter.name} uses symbols that book/notation.md does not define: {missing}"
+
+
+def test_every_row_of_the_notation_page_is_in_a_table():
+    """A row after a blank line starts no table (a table needs its header): it would print as a line of pipes."""
+    lines = (ROOT / "book" / "notation.md").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("|") and not line.startswith("| ---") and i + 1 < len(lines) and lines[i + 1].startswith("| ---"):
+            continue  # a header
+        if line.startswith("|"):
+            above = lines[i - 1]
+            assert above.startswith("|"), f"line {i + 1} of notation.md is a row outside a table: {line[:60]}"

@@ -1,6 +1,6 @@
 """Make the instructors' handout from the book's own sources.
 
-    make handout            # or: .venv/bin/python tools/make_handout.py [OUTPUT_DIR]
+    make handout            # or: .venv/bin/python tools/make_handout.py [OUTPUT_DIR] [--no-html]
 
 Writes, under OUTPUT_DIR (default `_handout/`):
   student/   the students' copy of the course: the book with every solution
@@ -20,8 +20,14 @@ How a chapter marks its exercises (see the instructors' page of the book):
     cell: its code cells, then the Markdown cells that explain it, all in one
     dropdown; each function defined there becomes a stub;
   - a solution without code may instead be a `{solution}` directive block.
+
+What it deletes: OUTPUT_DIR is deleted and written again only when it is new, empty, or
+made by an earlier run, which left the marker file `.mha-handout` in it (tools/output_folder.py).
+Any other folder, and any path inside the course repository but `_handout/`, is refused
+(exit 1, the folder named, nothing deleted): `make_handout.py book` deletes nothing.
 """
 
+import argparse
 import ast
 import os
 import re
@@ -33,9 +39,13 @@ from pathlib import Path
 import nbformat
 
 from handout_manifest import build_manifest, write_manifest
+from output_folder import FolderRefused, claim
 from student_copy import set_install_cell, student_repository, write_student_copy
 
 ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = ROOT / "_handout"
+MARKER = ".mha-handout"
+EARLIER_HANDOUT = ("student", "key", "html", "nbgrader")  # what _handout/ held before markers
 SOLUTION_BLOCK = re.compile(r"^(:{3,})\{solution\}.*?^\1[ \t]*$\n?", re.M | re.S)
 FROM_SETTINGS = "from handout.yml"
 
@@ -103,10 +113,10 @@ def student_notebook(path):
 
 def make_handout(output, build_html=True, repository=FROM_SETTINGS):
     """Write the handout into `output`. `repository`: the student repository, (url, branch) or None;
-    by default the one handout.yml names."""
-    output = Path(output)
+    by default the one handout.yml names. FolderRefused (nothing deleted) when `output` is not the
+    handout's to write (see the module's docstring)."""
     repository = student_repository() if repository == FROM_SETTINGS else repository
-    shutil.rmtree(output, ignore_errors=True)
+    output = claim(output, MARKER, "tools/make_handout.py", default=DEFAULT, known=EARLIER_HANDOUT)
     student, key = output / "student", output / "key"
     student.mkdir(parents=True)
     key.mkdir()
@@ -134,9 +144,29 @@ def build(source, html):
     shutil.rmtree(source / "_build")
 
 
+def arguments(argv):
+    parser = argparse.ArgumentParser(description="Make the instructors' handout: student notebooks without "
+                                     "solutions, the answer key, the student website.")
+    parser.add_argument("output", nargs="?", type=Path, default=DEFAULT,
+                        help=f"a new or empty folder, or one an earlier run made (it holds {MARKER}); inside "
+                        "the repository only _handout (the default)")
+    parser.add_argument("--no-html", action="store_true", help="skip the student website (faster)")
+    return parser.parse_args(argv)
+
+
+def main(argv):
+    args = arguments(argv)
+    try:
+        target = make_handout(args.output, build_html=not args.no_html)
+    except FolderRefused as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    lines = [f"student notebooks: {target / 'student' / 'book'}",
+             f"exercises:         {target / 'student' / 'exercises.json'}",
+             f"answer key:        {target / 'key'}"]
+    print("\n".join(lines + ([] if args.no_html else [f"student website:   {target / 'html' / 'index.html'}"])))
+    return 0
+
+
 if __name__ == "__main__":
-    target = make_handout(sys.argv[1] if len(sys.argv) > 1 else ROOT / "_handout")
-    print(f"student notebooks: {target / 'student' / 'book'}\n"
-          f"exercises:         {target / 'student' / 'exercises.json'}\n"
-          f"answer key:        {target / 'key'}\n"
-          f"student website:   {target / 'html' / 'index.html'}")
+    sys.exit(main(sys.argv[1:]))

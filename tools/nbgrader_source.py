@@ -19,8 +19,15 @@ assignment per chapter. In each notebook, as nbgrader cell metadata (schema 3):
   - the explanations that follow a checked solution are left out: nbgrader
     has no ungraded Markdown solution cell, and they answer no question;
   - the exercise statements are locked; the chapter's own cells stay editable.
+
+What it deletes: OUTPUT_DIR/nbgrader/source/, and only when OUTPUT_DIR/nbgrader/ is new,
+empty, or made by an earlier run (it holds the marker `.mha-nbgrader`); any other folder,
+and any path inside the course repository but `_handout/nbgrader/`, is refused, nothing
+deleted (tools/output_folder.py). What else nbgrader keeps there (its gradebook, release/,
+submitted/) stays.
 """
 
+import argparse
 import ast
 import copy
 import re
@@ -32,6 +39,10 @@ import nbformat
 
 from handout_manifest import EXERCISE, chapter_exercises
 from make_handout import ROOT, SOLUTION_BLOCK, is_marker, stub_for
+from output_folder import FolderRefused, claim
+
+MARKER = ".mha-nbgrader"
+EARLIER_COURSE = ("nbgrader_config.py", "source")  # what _handout/nbgrader/ held before markers
 
 SOLUTION_START = re.compile(r"^:{3,}\{solution-start\} (\S+)", re.M)
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -174,10 +185,11 @@ def source_notebook(path):
 
 
 def write_nbgrader_source(output):
-    """Write OUTPUT/nbgrader/: nbgrader_config.py and source/chapterNN/NN_name.ipynb."""
-    course = Path(output) / "nbgrader"
+    """Write OUTPUT/nbgrader/: nbgrader_config.py and source/chapterNN/NN_name.ipynb. FolderRefused
+    (nothing deleted) when OUTPUT/nbgrader/ is not this tool's to write (see the module's docstring)."""
+    course = claim(Path(output) / "nbgrader", MARKER, "tools/nbgrader_source.py",
+                   default=ROOT / "_handout" / "nbgrader", known=EARLIER_COURSE, empty=False)
     shutil.rmtree(course / "source", ignore_errors=True)
-    course.mkdir(parents=True, exist_ok=True)
     (course / "nbgrader_config.py").write_text(CONFIG)
     for chapter in sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb")):
         folder = course / "source" / assignment_name(chapter)
@@ -186,6 +198,21 @@ def write_nbgrader_source(output):
     return course
 
 
-if __name__ == "__main__":
-    target = write_nbgrader_source(sys.argv[1] if len(sys.argv) > 1 else ROOT / "_handout")
+def main(argv):
+    parser = argparse.ArgumentParser(description="Write the chapters' exercises as nbgrader assignments, "
+                                     "into OUTPUT_DIR/nbgrader/.")
+    parser.add_argument("output", nargs="?", type=Path, default=ROOT / "_handout", metavar="OUTPUT_DIR",
+                        help=f"where nbgrader/ goes (default: _handout); nbgrader/ must be new, empty or hold "
+                        f"{MARKER}")
+    args = parser.parse_args(argv)
+    try:
+        target = write_nbgrader_source(args.output)
+    except FolderRefused as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print(f"nbgrader course:   {target} (see 'Using nbgrader' in book/instructors.md)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

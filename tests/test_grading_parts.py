@@ -2,8 +2,10 @@
 library, the sandbox's walls and limits. (tests/test_grading_attacks.py grades whole
 notebooks.)"""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,6 +142,10 @@ def test_a_worker_past_its_time_or_memory_is_stopped(tmp_path):
 def test_without_bubblewrap_the_worker_still_goes_without_torch_and_the_exercise(tmp_path, monkeypatch):
     """The fallback: no sandbox, but its own folder, an emptied environment, and the locks at import."""
     monkeypatch.setattr(sandbox, "ISOLATION", "folder and path only")
+    if os.geteuid() == 0 and sandbox.closed_to_others(Path(sys.executable).resolve()):
+        with pytest.raises(sandbox.Refused, match="cannot run .* closed to other users"):
+            sandbox.Worker(tmp_path / "w", ("softmax",), (), sandbox.Limits(), covered=[ROOT])
+        return  # as root the worker is a user of its own, which cannot reach this Python: refused, not run as root
     worker = sandbox.Worker(tmp_path / "w", ("softmax",), (), sandbox.Limits(), covered=[ROOT])
     try:
         assert worker.process.args[0] == sys.executable, "no bubblewrap in the command"

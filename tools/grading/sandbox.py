@@ -6,24 +6,36 @@
     worker.close()
 
 Each worker gets its own temporary folder holding the student edition of `mha`
-(grading/student_edition.py) and the worker's two files, and runs there under
-Debian's bubblewrap when it is installed: the whole system read-only; the project
-(the full library, the grader), the folders of the submissions, of the grades and
-of the manifest covered by empty folders; /tmp private; no network; its own process
-tree, killed with the grader. The worker's environment is emptied: its path holds the
-student edition, then the third-party packages, of which torch, scipy (unless the
-exercise allows it) and the other packages that compute attention are hidden.
+(grading/student_edition.py) and the worker's files, and runs under Debian's bubblewrap
+when it works here: the whole system read-only; the project (the full library, the
+grader), the folders of the submissions, of the grades and of the manifest covered by
+empty read-only folders; its own /tmp, of a bounded size; no network; its own process
+tree, killed with the grader. Who it is:
 
-Without bubblewrap, the worker still runs in its own folder with that path and those
-packages refused at import, and the grader says in its report that the isolation
-is the folder's and the path's alone: a determined student could read the library.
+- the grader run as root (as on Gradescope): bubblewrap builds the sandbox as root, then the
+  worker's own code, before any student code, empties its capability bounding set and
+  becomes a user of its own (resources.worker_user: a uid no other process has);
+- the grader run as a user: bubblewrap in a user namespace of its own, every capability
+  dropped, no further user namespace.
 
-Limits: the time of each request, the memory of the process (RLIMIT_DATA: RLIMIT_AS
-would stop torch's own import elsewhere), and the whole process group killed at a limit.
+Either way the worker installs a seccomp filter (seccomp.py: no mount, umount, unshare,
+setns or ptrace), and its first message says its uid, capabilities and seccomp mode:
+the grader sends no case to a worker that kept a capability or root (`Refused`). The
+grader's pipes are held by the worker's relay process alone (worker.py). A reply is read
+within a size bound given with each request, and its nesting and number of values are
+checked before any Python object is built (wire.py).
+
+Without bubblewrap, the worker still runs in its own folder with that path, those packages
+refused at import, the seccomp filter and (as root) a user of its own; the grader says in
+its report that the isolation is the folder's and the path's alone.
+
+Limits (`Limits`): the time of each request, the memory of each process (RLIMIT_DATA) and,
+where the machine offers a memory cgroup, of the whole worker with its children and its
+/tmp; the size of a file; the number of processes. At a limit the whole worker is killed.
 """
 
+import json
 import os
-import resource
 import select
 import shutil
 import signal
@@ -34,8 +46,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grading import wire
-from grading import student_edition
+from grading import resources, seccomp, student_edition, wire
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -45,30 +56,52 @@ ALWAYS_HIDDEN = ("torch", "functorch", "torchgen", "jax", "jaxlib", "tensorflow"
                  "transformers", "tokenizers", "einops", "numba", "cupy", "mha_full")
 MAYBE_HIDDEN = ("scipy",)  # hidden unless the exercise lists it in `packages`
 STDERR = None if os.environ.get("MHA_GRADER_DEBUG") else subprocess.DEVNULL  # the worker's own errors
-SANDBOX = Path("/tmp/sandbox")  # where the worker's folder appears inside bubblewrap (in its private /tmp)
+SANDBOX = Path("/tmp/sandbox")  # where the worker's folder appears inside bubblewrap (read-only)
+WORKDIR = "/tmp/work"  # the student's current folder and home inside bubblewrap (in its private /tmp)
+WORKER_FILES = ("worker.py", "wire.py", "seccomp.py")
+START_SECONDS = 60  # for a worker to start and say who it is
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one notebook may use: seconds per request, seconds in all, memory per worker."""
+    """What one notebook may use: seconds per request, seconds in all, memory per worker, the size of
+    a file and of the worker's /tmp, and the number of processes of a worker."""
     cell_seconds: float = 60
     notebook_seconds: float = 300
     memory_bytes: int = 4 * 2**30
+    file_bytes: int = 64 * 2**20
+    processes: int = 16
 
 
 class LimitReached(Exception):
     """The worker ran past a limit and was killed; the message says which."""
 
 
+class Refused(LimitReached):
+    """The worker kept what it must not have (root, a capability): no case was sent to it."""
+
+
+def bubblewrap_help():
+    return subprocess.run([BWRAP, "--help"], capture_output=True, text=True).stdout if BWRAP else ""
+
+
+def identity_options():
+    """bwrap's options for who the worker is (see the module's docstring)."""
+    if os.geteuid() == 0:
+        return ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+    return ["--unshare-user", "--cap-drop", "ALL"] + (["--disable-userns"] if "--disable-userns" in HELP else [])
+
+
 def bubblewrap_works():
-    """True when bubblewrap is installed and can make a sandbox here (it needs namespaces)."""
+    """True when bubblewrap is installed and can make the worker's sandbox here (it needs namespaces)."""
     if BWRAP is None:
         return False
-    probe = subprocess.run([BWRAP, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "true"],
-                           capture_output=True)
+    probe = subprocess.run([BWRAP, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", *identity_options(),
+                            "true"], capture_output=True)
     return probe.returncode == 0
 
 
+HELP = bubblewrap_help()
 ISOLATION = "bubblewrap" if bubblewrap_works() else "folder and path only"
 
 
@@ -92,49 +125,77 @@ def inside(path, folder):
     return Path(path).resolve().is_relative_to(Path(folder).resolve())
 
 
-def bubblewrap_command(folder, hidden, covered):
+def closed_to_others(path):
+    """The highest folder above `path` that a user of no group cannot pass through (mode without o+x), or None."""
+    for folder in reversed(Path(path).resolve().parents):
+        if folder != Path("/") and not folder.stat().st_mode & 0o001:
+            return folder
+    return None
+
+
+def python_binds(covered):
+    """Python's own folders, bound again where a covered folder (or /tmp) holds them, or where a folder
+    above them is closed to the worker's user (as root: /root, say) and is replaced by an empty one."""
+    folders = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sysconfig.get_paths()["purelib"],
+                                          sysconfig.get_paths()["platlib"], Path(sys.executable).parent)}
+    options, emptied = [], set()
+    for path in sorted(folders):
+        closed = closed_to_others(path) if os.geteuid() == 0 else None
+        if closed is not None and closed not in emptied and not any(inside(closed, c) for c in covered):
+            emptied.add(closed)
+            options += ["--tmpfs", str(closed)]
+        if closed is not None:  # the folders between, made open to pass through (bwrap makes them 0700)
+            between = [f for f in path.parents if f.is_relative_to(closed) and f != closed]
+            options += [a for f in reversed(between) for a in ("--perms", "0755", "--dir", str(f))]
+        if closed is not None or any(inside(path, c) for c in [*covered, "/tmp"]):
+            options += ["--ro-bind", str(path), str(path)]
+    return options
+
+
+def bubblewrap_command(folder, hidden, covered, limits):
     """bwrap's arguments: a read-only system, `covered` folders emptied, `hidden` packages emptied,
-    Python's own folders bound again if a covered folder (or /tmp) held them, and `folder` at SANDBOX."""
-    command = [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-               "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-               "--new-session"]
+    Python's own folders bound again if need be, a /tmp of its own and `folder` at SANDBOX."""
+    command = [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc",
+               "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+               "--die-with-parent", "--new-session", *identity_options()]
+    if "--size" in HELP:  # a /tmp in memory, of a bounded size
+        command += ["--size", str(limits.file_bytes), "--tmpfs", "/tmp", "--chmod", "1777", "/tmp"]
+    else:  # no bound on a tmpfs here: the worker's /tmp is on disk, each file bounded by RLIMIT_FSIZE
+        command += ["--bind", str(folder / "tmp"), "/tmp"]
+    emptied = [*covered, *(p for p in package_folders(hidden) if p.is_dir())]
     for path in covered:
         command += ["--tmpfs", str(path)]
-    python_folders = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sysconfig.get_paths()["purelib"],
-                                                 sysconfig.get_paths()["platlib"])}
-    for path in sorted(python_folders):  # a virtual environment in the project, or in /tmp, stays visible
-        if any(inside(path, c) for c in [*covered, "/tmp"]):
-            command += ["--ro-bind", str(path), str(path)]
+    command += python_binds(covered)
     for path in package_folders(hidden):
         command += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
-    return command + ["--bind", str(folder), str(SANDBOX), "--chdir", str(SANDBOX)]
+    for path in emptied:  # last: the binds above needed their mount points made in these
+        command += ["--remount-ro", str(path)]
+    return command + ["--ro-bind", str(folder), str(SANDBOX), "--chdir", str(SANDBOX)]
 
 
-def environment(home):
+def environment(home, library):
     """The worker's whole environment: no variable of the grader's survives."""
     return {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(home),
-            "PYTHONPATH": str(home / "lib"), "PYTHONHASHSEED": "0", "PYTHONNOUSERSITE": "1",
+            "PYTHONPATH": str(library), "PYTHONHASHSEED": "0", "PYTHONNOUSERSITE": "1",
             "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
 
 
-def descendants(pid):
-    """The process ids below `pid`, depth first (Linux's /proc)."""
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return []
-    return [p for child in map(int, children) for p in [child, *descendants(child)]]
-
-
-def memory_status(pid):
-    """{"VmRSS": bytes, "VmHWM": bytes} of process `pid`."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) * 1024
-    return fields
+def problems_with(hello):
+    """What the worker's first message shows it kept that it must not: [] when it may be sent cases."""
+    if hello.get("op") != "hello":
+        return ["it did not say who it is"]
+    problems = []
+    if os.geteuid() == 0 and 0 in (hello["uid"], hello["euid"], hello["saved_uid"], hello["fs_uid"]):
+        problems.append(f"it runs as root (uid {hello['uid']})")
+    held = {name: hello[name] for name in ("cap_eff", "cap_prm", "cap_amb") if hello[name]}
+    if ISOLATION == "bubblewrap" and hello["cap_bnd"]:
+        held["cap_bnd"] = hello["cap_bnd"]
+    if held:
+        problems.append("it holds capabilities (" + ", ".join(f"{k} {v:#x}" for k, v in held.items()) + ")")
+    if seccomp.program() is not None and hello["seccomp"] != 2:
+        problems.append(f"its seccomp filter is not on (mode {hello['seccomp']})")
+    return problems
 
 
 class Worker:
@@ -144,49 +205,85 @@ class Worker:
         self.folder, self.limits = Path(folder), limits
         self.folder.mkdir(parents=True, exist_ok=True)
         student_edition.build(self.folder / "lib", absent, packages)
-        for name in ("worker.py", "wire.py"):
+        for name in WORKER_FILES:
             shutil.copy2(HERE / name, self.folder / name)
-        hidden = hidden_packages(packages)
+        self.user = resources.worker_user()
+        self.group = resources.MemoryGroup.create(limits.memory_bytes, limits.processes)
+        self.process = self.start(hidden_packages(packages), covered)
+        self.hello = self.receive(START_SECONDS, wire.MAX_REPLY, "to start")
+        problems = problems_with(self.hello)
+        if problems:
+            self.kill()
+            raise Refused("the grader refused to grade in this worker: " + "; ".join(problems))
+        self.runner = resources.runner_pid(self.process.pid, self.hello["runner_pid"])
+
+    def start(self, hidden, covered):
+        """The worker's process, given one end of each pipe (the relay's), everything else closed."""
+        requests_r, self.requests = os.pipe()
+        self.replies, replies_w = os.pipe()
+        config = {"hidden": list(hidden), "channel": [requests_r, replies_w], "nproc": self.limits.processes}
+        drop_here = None
+        os.chmod(self.folder, 0o755)
         if ISOLATION == "bubblewrap":
-            home = SANDBOX
-            command = bubblewrap_command(self.folder, hidden, covered) + [
-                "--clearenv", *[a for k, v in environment(home).items() for a in ("--setenv", k, v)]]
-            command += [sys.executable, "-u", str(home / "worker.py"), *hidden]
-            env = None
-        else:
-            home = self.folder
-            command, env = [sys.executable, "-u", str(home / "worker.py"), *hidden], environment(home)
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=STDERR, cwd=self.folder, env=env,
-                                        start_new_session=True, preexec_fn=self.limit_memory)
-        self.requests, self.replies = self.process.stdin.fileno(), self.process.stdout.fileno()
-
-    def limit_memory(self):
-        resource.setrlimit(resource.RLIMIT_DATA, (self.limits.memory_bytes, self.limits.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    def python_pid(self):
-        """The host's process id of the worker's Python (below bubblewrap's two processes, if any)."""
-        below = descendants(self.process.pid)
-        return below[-1] if below else self.process.pid
-
-    def ask(self, message, seconds):
-        """Send a request; the reply, or LimitReached (the worker killed) after `seconds`."""
+            (self.folder / "tmp").mkdir(exist_ok=True)
+            config |= {"workdir": WORKDIR, "drop_to": [self.user.uid, self.user.gid] if self.user else None}
+            command = [*bubblewrap_command(self.folder, hidden, covered, self.limits), "--clearenv"]
+            command += [a for k, v in environment(WORKDIR, SANDBOX / "lib").items() for a in ("--setenv", k, v)]
+            worker, env = SANDBOX / "worker.py", None
+        else:  # as root, the worker's user is taken in the child before exec
+            config["workdir"], drop_here = str(self.folder / "work"), self.user
+            command, worker, env = [], self.folder / "worker.py", environment(self.folder / "work", self.folder / "lib")
+        for path in (self.folder / "tmp", self.folder / "work"):
+            path.mkdir(exist_ok=True)
+            if self.user:
+                os.chown(path, self.user.uid, self.user.gid)
+        if not self.limits.processes or (self.user is None and ISOLATION != "bubblewrap"):
+            config["nproc"] = None  # as a user without a namespace, the limit would count all of the user's processes
+        command += [sys.executable, "-u", str(worker), json.dumps(config)]
+        preexec = resources.limiter(self.limits.memory_bytes, self.limits.file_bytes, self.group, drop_here)
         try:
-            wire.send(self.requests, message)
-        except (BrokenPipeError, OSError):
-            raise LimitReached(self.death()) from None
+            return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=STDERR,
+                                    cwd=self.folder, env=env, pass_fds=(requests_r, replies_w),
+                                    start_new_session=True, preexec_fn=preexec)
+        except PermissionError as error:  # as root without bubblewrap: the worker's user cannot run Python
+            closed = closed_to_others(Path(sys.executable).resolve())
+            raise Refused(f"the worker's user (uid {self.user.uid if self.user else os.getuid()}) cannot run "
+                          f"{sys.executable} ({error.strerror}"
+                          + (f": {closed} is closed to other users" if closed else "") + "). As root, grading runs "
+                          "the students' code as a user of its own: install bubblewrap (make sandbox), or "
+                          "install Python where every user may read it") from None
+        finally:
+            os.close(requests_r)
+            os.close(replies_w)
+
+    def receive(self, seconds, limit, what="answer"):
+        """The next message within `seconds` and `limit` bytes; LimitReached (the worker killed) otherwise."""
         deadline = time.monotonic() + seconds
 
         def wait(fd):
             ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 self.kill()
-                raise LimitReached(f"ran past {seconds:g} s")
+                raise LimitReached(f"ran past {seconds:g} s" + ("" if what == "answer" else f" {what}"))
         try:
-            return wire.receive(self.replies, wait)
-        except (EOFError, ValueError, OSError, KeyError):
+            reply = wire.receive(self.replies, wait, limit=limit)
+        except (EOFError, OSError, KeyError):
             raise LimitReached(self.death()) from None
+        except ValueError as error:  # longer, deeper or larger than allowed: the notebook fails, not the grader
+            self.kill()
+            raise LimitReached(f"the worker's reply was refused: {error}") from None
+        if reply.get("status") == "oversized":
+            self.kill()
+            raise LimitReached(f"the worker's reply was refused: {reply.get('message')}")
+        return reply
+
+    def ask(self, message, seconds, reply_limit=wire.MAX_REPLY):
+        """Send a request; the reply (at most `reply_limit` bytes), or LimitReached after `seconds`."""
+        try:
+            wire.send(self.requests, {**message, "reply_limit": int(reply_limit)})
+        except (BrokenPipeError, OSError):
+            raise LimitReached(self.death()) from None
+        return self.receive(seconds, reply_limit)
 
     def death(self):
         """Why the worker stopped answering."""
@@ -201,25 +298,33 @@ class Worker:
         """Run the student's cells: the errors, [cell index, "Type: message"]."""
         return self.ask({"op": "run", "cells": list(cells)}, seconds)["errors"]
 
-    def call(self, function, args, kwargs, seconds, measure_memory=False):
-        """(reply, peak bytes beyond the worker's size before the call, or None)."""
+    def call(self, function, args, kwargs, seconds, measure_memory=False, reply_limit=wire.MAX_REPLY):
+        """(reply, peak bytes beyond the worker's size before the call, or None). The peak is that of the
+        runner and every process below it (and of the whole worker's cgroup, where there is one)."""
         message = {"op": "call", "function": function, "args": wire.tag(tuple(args)), "kwargs": wire.tag(dict(kwargs))}
         if not measure_memory:
-            return self.ask(message, seconds), None
-        pid = self.python_pid()
-        Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM starts again from VmRSS
-        before = memory_status(pid)["VmRSS"]
-        reply = self.ask(message, seconds)
-        return reply, memory_status(pid)["VmHWM"] - before
+            return self.ask(message, seconds, reply_limit), None
+        before = resources.restart_peaks(resources.tree(self.runner))
+        in_group = self.group is not None and self.group.reset_peak()
+        group_before = self.group.usage() if in_group else 0
+        reply = self.ask(message, seconds, reply_limit)
+        peak = resources.peak_bytes(resources.tree(self.runner)) - before
+        if in_group:
+            peak = max(peak, self.group.peak() - group_before)
+        return reply, peak
 
     def kill(self):
-        """The worker's whole process group, at once."""
+        """The worker's whole process group, its user's processes and its cgroup, at once."""
         if self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         self.process.wait()
+        if self.user is not None:
+            resources.kill_user(self.user.uid)
+        if self.group is not None:
+            self.group.remove()
 
     def close(self):
         if self.process.poll() is None:
@@ -229,6 +334,9 @@ class Worker:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
-        for stream in (self.process.stdin, self.process.stdout):
-            stream.close()
+        for fd in (self.requests, self.replies):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         shutil.rmtree(self.folder, ignore_errors=True)

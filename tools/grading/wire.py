@@ -18,12 +18,16 @@ sandbox and must import nothing but NumPy.
 import base64
 import json
 import os
+import re
 import struct
 
 import numpy as np
 
 KINDS = "biuf"  # the dtype kinds that cross: bool, signed and unsigned integers, floats
-MAX_BYTES = 512 * 2**20  # the largest message either side accepts
+MAX_BYTES = 512 * 2**20  # the largest request the grader sends (a case's inputs)
+MAX_REPLY = 8 * 2**20  # the largest reply, unless a request allows more (sandbox.reply_limit)
+MAX_DEPTH = 32  # the deepest nesting of a message: a tagged tuple of lists of arrays is about 8
+MAX_ITEMS = 100_000  # the most values in a message: the cases' results hold a few dozen arrays
 HEADER = struct.Struct("<Q")
 
 
@@ -114,7 +118,11 @@ def untag(data, rebuild=None):
 
 def send(fd, message):
     """Write one message (a JSON-ready dict) to the file descriptor `fd`."""
-    body = json.dumps(message).encode()
+    send_bytes(fd, json.dumps(message).encode())
+
+
+def send_bytes(fd, body):
+    """Write one message already encoded as JSON bytes."""
     if len(body) > MAX_BYTES:
         raise ValueError(f"a message of {len(body)} bytes is more than the {MAX_BYTES} allowed")
     view = memoryview(HEADER.pack(len(body)) + body)
@@ -137,12 +145,36 @@ def read_exactly(fd, n, wait=None):
     return b"".join(chunks)
 
 
-def receive(fd, wait=None):
-    """One message from `fd`: the dict that `send` wrote; ValueError if it is not one."""
+def receive_bytes(fd, limit=MAX_BYTES, wait=None):
+    """One message's JSON bytes from `fd`; ValueError, before reading it, if it announces more than `limit`."""
     (length,) = HEADER.unpack(read_exactly(fd, HEADER.size, wait))
-    if length > MAX_BYTES:
-        raise ValueError(f"a message of {length} bytes announced, more than the {MAX_BYTES} allowed")
-    message = json.loads(read_exactly(fd, length, wait))
+    if length > limit:
+        raise ValueError(f"a message of {length} bytes announced, more than the {limit} allowed")
+    return read_exactly(fd, length, wait)
+
+
+STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes and all
+
+
+def shape_of(body):
+    """(depth, items) of a JSON text, read from its bytes without building any Python object: the
+    deepest nesting of arrays and objects, and how many values they hold (about: commas and openings)."""
+    plain = np.frombuffer(STRING.sub(b'""', body), dtype=np.uint8)
+    opens = (plain == ord("[")) | (plain == ord("{"))
+    closes = (plain == ord("]")) | (plain == ord("}"))
+    depth = int(np.cumsum(opens.astype(np.int64) - closes).max(initial=0))
+    return depth, int(opens.sum() + (plain == ord(",")).sum())
+
+
+def receive(fd, wait=None, limit=MAX_BYTES, max_depth=MAX_DEPTH, max_items=MAX_ITEMS):
+    """One message from `fd`: the dict that `send` wrote; ValueError if it is not one, or if it is longer,
+    deeper or holds more values than the limits allow (checked before any object is built)."""
+    body = receive_bytes(fd, limit, wait)
+    depth, items = shape_of(body)
+    if depth > max_depth or items > max_items:
+        raise ValueError(f"a message nested {depth} deep with about {items} values, more than the "
+                         f"{max_depth} and {max_items} allowed")
+    message = json.loads(body)
     if not isinstance(message, dict):
         raise ValueError("a message that is not a JSON object")
     return message

@@ -77,12 +77,33 @@ def answer(reply):
     return result, args, kwargs
 
 
+def data_bytes(value):
+    """The bytes of the arrays and strings in `value` (nested in tuples, lists and dicts), a few for the rest."""
+    if isinstance(value, np.ndarray | np.generic):
+        return value.nbytes
+    if isinstance(value, (tuple, list)):
+        return sum(map(data_bytes, value)) + 64
+    if isinstance(value, dict):
+        return sum(data_bytes(v) + len(k) for k, v in value.items()) + 64
+    if isinstance(value, ToyLanguageModel):
+        return value.table.nbytes
+    return len(str(value)) + 64
+
+
+def reply_limit(args, kwargs, expected):
+    """The most bytes a reply to this case may take: its result (at twice the expected answer's size, so that a
+    float64 answer to a float32 case still crosses) and its arguments as the function left them, in base64
+    (4/3) and JSON, with a margin. A reply beyond it is refused before it is read."""
+    return 2 * (2 * data_bytes(expected) + data_bytes(args) + data_bytes(kwargs)) + 2**20
+
+
 def judge_case(session, worker, check, function, case, seed):
     """None if the student's function answers `case` right, else (status, message)."""
     args, kwargs = case.arguments()
     measure = case.peak_bytes is not None
-    reply, peak = session.ask(worker, lambda seconds: worker.call(function, to_wire(args), to_wire(kwargs),
-                                                                 seconds, measure_memory=measure))
+    limit = reply_limit(args, kwargs, None if case.raises else registry.expected_answer(check.name, case))
+    reply, peak = session.ask(worker, lambda seconds: worker.call(function, to_wire(args), to_wire(kwargs), seconds,
+                                                                 measure_memory=measure, reply_limit=limit))
     if reply.get("status") == "raised" and str(reply.get("message", "")).startswith("MemoryError"):
         worker.kill()  # out of memory: at the limit, the worker goes, and the notebook's other checks fail
         session.stopped = f"used more than {session.limits.memory_bytes / 2**30:g} GiB"

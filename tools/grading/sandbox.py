@@ -275,6 +275,8 @@ class Worker:
         if reply.get("status") == "oversized":
             self.kill()
             raise LimitReached(f"the worker's reply was refused: {reply.get('message')}")
+        if reply.get("status") == "ended":  # the relay's word: the runner of the student's code ended
+            raise LimitReached(self.death(reply.get("code")))
         return reply
 
     def ask(self, message, seconds, reply_limit=wire.MAX_REPLY):
@@ -285,11 +287,15 @@ class Worker:
             raise LimitReached(self.death()) from None
         return self.receive(seconds, reply_limit)
 
-    def death(self):
-        """Why the worker stopped answering."""
+    def death(self, code=None):
+        """Why the worker stopped answering (`code`: the runner's exit code, as its relay saw it)."""
+        try:
+            self.process.wait(timeout=1)  # its own end, if it is ending
+        except subprocess.TimeoutExpired:
+            pass
         self.kill()
-        code = self.process.returncode
-        if code is not None and code < 0 and -code in (signal.SIGKILL, signal.SIGSEGV):
+        code = self.process.returncode if code is None else code
+        if isinstance(code, int) and code < 0 and -code in (signal.SIGKILL, signal.SIGSEGV):
             return (f"the worker was killed ({signal.Signals(-code).name}): it used more than "
                     f"{self.limits.memory_bytes / 2**30:g} GiB, or crashed")
         return "the worker ended (the code exited the process, or crashed)"

@@ -171,8 +171,10 @@ def relay(grader_in, grader_out, to_runner, from_runner, runner):
             break
         try:
             reply = wire.receive_bytes(from_runner, int(request.get("reply_limit", wire.MAX_REPLY)))
-        except EOFError:
-            break
+        except EOFError:  # the runner ended: say how, and stop
+            _, status = os.waitpid(runner, 0)
+            wire.send(grader_out, {"status": "ended", "code": os.waitstatus_to_exitcode(status)})
+            return
         except ValueError as error:  # too long: the runner's stream can no longer be trusted
             wire.send(grader_out, {"status": "oversized", "message": str(error)})
             break

@@ -123,16 +123,25 @@ $(MATHJAX):
 pdf: $(STAMP) browser
 	$(BIN)/python tools/make_pdf.py
 
-# For instructors: student notebooks (solutions removed), answer key, student website.
+# For instructors: student notebooks (solutions removed), answer key, student website, in _handout/.
+# The tools rewrite only folders they made (marked .mha-handout, .mha-nbgrader) and refuse any
+# other; HANDOUT=DIR writes elsewhere (a new or empty folder, outside the repository).
+HANDOUT := _handout
 handout: $(STAMP) $(MATHJAX)
-	$(BIN)/python tools/make_handout.py _handout
-	$(BIN)/python tools/nbgrader_source.py _handout
+	$(BIN)/python tools/make_handout.py "$(HANDOUT)"
+	$(BIN)/python tools/nbgrader_source.py "$(HANDOUT)"
 
-# For instructors: the Gradescope autograder, _build/gradescope/autograder.zip (tools/make_gradescope.py;
-# the book's page for instructors says what to upload).
+# For instructors: the Gradescope autograder of ONE assignment, a chapter or exercises of one chapter:
+#   make gradescope ASSIGNMENT=15                  # or ASSIGNMENT=15_heads_across_devices
+#   make gradescope ASSIGNMENT=ex-ch5-split-merge,ex-ch5-multihead
+# writes _build/gradescope/<assignment>/autograder.zip (tools/make_gradescope.py; the book's page
+# for instructors says what to upload). There is no default assignment.
 .PHONY: gradescope
 gradescope: $(STAMP)
-	$(BIN)/python tools/make_gradescope.py
+	@if [ -z "$(ASSIGNMENT)" ]; then \
+	  echo "name the assignment: make gradescope ASSIGNMENT=15 (a chapter's number or notebook stem," \
+	       "or exercise labels of one chapter, comma-separated)" >&2; exit 2; fi
+	$(BIN)/python tools/make_gradescope.py --assignment "$(ASSIGNMENT)"
 
 # Benchmarks against PyTorch, speed and memory (several minutes on 2 cores; see
 # benchmarks/__init__.py). Prints every table and writes it to _build/benchmarks/

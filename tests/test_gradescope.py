@@ -1,14 +1,18 @@
 """Exports of the grader: Gradescope's autograder, and totals per student for Canvas and Moodle.
 
-`make gradescope` writes a zip (tools/make_gradescope.py) that is unpacked here into a
-temporary Gradescope layout (source/, submission/, results/), and its run_autograder is
-run there with AUTOGRADER_ROOT and the course's environment first on PATH, as Gradescope
-runs it after setup.sh: chapter 5's key scores every point, the untouched handout none,
-a submission without a notebook and a grader that crashes still give a valid
-results.json. Its format is checked against Gradescope's specification
-(https://gradescope-autograders.readthedocs.io/en/latest/specs/). The LMS export is
-checked on made-up rows: Canvas's columns, one row per student, and a roster that does
-not match the grades.
+`make gradescope ASSIGNMENT=5` writes a zip (tools/make_gradescope.py) for one assignment,
+chapter 5, that is unpacked here into a temporary Gradescope layout (source/, submission/,
+results/), and its run_autograder is run there with AUTOGRADER_ROOT and the course's
+environment first on PATH, as Gradescope runs it after setup.sh: chapter 5's key scores
+every point, the untouched handout none, a submission without a notebook and a grader that
+crashes still give a valid results.json. One assignment, one notebook, at most full marks:
+the key beside a copy of itself and the solved notebooks of chapters 13 and 14 scores the
+assignment's 6 points and no more; several notebooks none of which is the assignment's, two
+of its name, or another chapter's notebook alone score 0 and say why. tools/grade.py's
+--assignment grades the assignment's checks alone. The format of results.json is checked
+against Gradescope's specification (https://gradescope-autograders.readthedocs.io/en/latest/specs/).
+The LMS export is checked on made-up rows: Canvas's columns, one row per student, and a
+roster that does not match the grades.
 """
 
 import csv
@@ -27,11 +31,16 @@ from conftest import ROOT
 from test_grading import CHAPTER, student_notebook, with_key_code
 
 sys.path.insert(0, str(ROOT / "tools"))
+import grade  # noqa: E402
+import handout_manifest  # noqa: E402
 import make_gradescope  # noqa: E402
 import make_handout  # noqa: E402
 from grading import exports  # noqa: E402
 
 SECRET = "the instructor's own secret"
+ASSIGNMENT = "5"  # chapter 5: five checks, 6 points
+MAXIMUM = 6
+OTHERS = ["13_todays_models.ipynb", "14_a_model_that_writes.ipynb"]  # their keys: honest, solved notebooks
 VISIBILITIES = {"hidden", "after_due_date", "after_published", "visible"}
 FORMATS = {"text", "simple_format", "html", "md", "ansi"}
 TOP_KEYS = {"score", "execution_time", "output", "output_format", "test_output_format", "test_name_format",
@@ -66,7 +75,7 @@ def autograder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gradescope")
     handout = make_handout.make_handout(folder / "handout", build_html=False, repository=None)
     zip_path = make_gradescope.make_autograder(folder / "autograder.zip", handout / "student" / "exercises.json",
-                                               secret=SECRET)
+                                               secret=SECRET, assignment=ASSIGNMENT)
     return zip_path, handout
 
 
@@ -79,8 +88,13 @@ def gradescope_layout(zip_path, root, notebooks):
     shutil.copy2(root / "source" / "run_autograder", root / "run_autograder")
     (root / "submission").mkdir()
     for name, notebook in notebooks.items():
+        (root / "submission" / name).parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(notebook, root / "submission" / name)
     return root
+
+
+def key_of(handout, name):
+    return nbformat.read(handout / "key" / name, as_version=4)
 
 
 def start(root):
@@ -94,10 +108,17 @@ def start(root):
 def graded(autograder, tmp_path_factory):
     """results.json of each submission, every run_autograder at once: {name: (results, its output)}."""
     zip_path, handout = autograder
-    submissions = {"key": {CHAPTER.name: with_key_code(student_notebook(handout))},
+    key = with_key_code(student_notebook(handout))
+    submissions = {"key": {CHAPTER.name: key},
                    "handout": {CHAPTER.name: student_notebook(handout)},
-                   "nothing": {}}
-    roots = {name: gradescope_layout(zip_path, tmp_path_factory.mktemp(name), notebooks)
+                   "nothing": {},
+                   # The reviewer's attack: the assignment's notebook, a copy, and other chapters solved.
+                   "attack": {CHAPTER.name: key, f"{CHAPTER.stem} (1).ipynb": key,
+                              **{name: key_of(handout, name) for name in OTHERS}},
+                   "several": {"mine.ipynb": key, "other.ipynb": key_of(handout, OTHERS[0])},
+                   "duplicate": {f"first/{CHAPTER.name}": key, f"second/{CHAPTER.name}": key},
+                   "another chapter": {OTHERS[0]: key_of(handout, OTHERS[0])}}
+    roots = {name: gradescope_layout(zip_path, tmp_path_factory.mktemp(name.replace(" ", "_")), notebooks)
              for name, notebooks in submissions.items()}
     (roots["nothing"] / "submission" / "answers.txt").write_text("no notebook here")
     roots["crash"] = gradescope_layout(zip_path, tmp_path_factory.mktemp("crash"), submissions["handout"])
@@ -150,7 +171,109 @@ def test_the_untouched_handout_scores_nothing_and_says_why(graded):
 def test_without_a_grade_results_json_is_still_valid(graded, submission, reason):
     results, output = graded[submission]
     assert_valid_results(results)
-    assert results["score"] == 0 and results["tests"] == [] and results["output"].startswith(reason), output
+    assert results["score"] == 0 and results["output"].startswith(reason), output
+    assert all(t["score"] == 0 and t["status"] == "failed" for t in results["tests"])
+
+
+def test_the_autograder_records_its_one_assignment(autograder):
+    with zipfile.ZipFile(autograder[0]) as archive:
+        shipped = json.loads(archive.read("exercises.json"))
+    assert shipped["assignment"] == {"spec": "5", "name": CHAPTER.stem, "notebook": f"book/{CHAPTER.name}",
+                                     "exercises": [e["label"] for c in shipped["chapters"] for e in c["exercises"]
+                                                   if c["notebook"] == f"book/{CHAPTER.name}"],
+                                     "max_points": MAXIMUM}
+    with pytest.raises(TypeError):
+        make_gradescope.make_autograder(autograder[0].parent / "none.zip")  # no assignment: no zip
+    assert not (autograder[0].parent / "none.zip").exists()
+
+
+def test_the_attack_of_several_chapters_scores_the_assignment_and_no_more(graded):
+    """Chapter 5's key, a copy of it, and the solved notebooks of chapters 13 and 14: the assignment's
+    notebook alone is graded, for its own checks; the others are named, not graded."""
+    results, output = graded["attack"]
+    assert_valid_results(results)
+    assert results["score"] == MAXIMUM == sum(t["max_score"] for t in results["tests"]), output
+    assert len(results["tests"]) == 5 and all(t["name"].startswith("ex-ch5-") for t in results["tests"])
+    first = results["output"].splitlines()[0]
+    assert first.startswith(f"Graded {CHAPTER.name}, the assignment's notebook. Not graded: ")
+    assert all(name in first for name in OTHERS + [f"{CHAPTER.stem} (1).ipynb"]), first
+
+
+@pytest.mark.parametrize("submission,reason", [
+    ("several", f"2 notebooks were submitted (mine.ipynb, other.ipynb) and none is named {CHAPTER.name}: "
+                "nothing was graded"),
+    ("duplicate", f"2 notebooks are named {CHAPTER.name} (first/{CHAPTER.name}, second/{CHAPTER.name}): "
+                  "nothing was graded"),
+    ("another chapter", f"{OTHERS[0]} is the notebook of chapter 13_todays_models, not of the assignment "
+                        f"({CHAPTER.stem}): not graded"),
+])
+def test_several_notebooks_a_duplicate_or_another_chapter_score_nothing_and_say_why(graded, submission, reason):
+    results, output = graded[submission]
+    assert_valid_results(results)
+    assert results["score"] == 0, output
+    tests = results["tests"]
+    assert len(tests) == 5 and sum(t["max_score"] for t in tests) == MAXIMUM, "the assignment's checks, failed"
+    assert all(t["status"] == "failed" and reason in t["output"] for t in tests), [t["output"] for t in tests]
+    assert reason in results["output"], results["output"]
+    assert "todays_models" not in " ".join(t["name"] for t in tests), "no row of another chapter"
+
+
+def test_grade_py_grades_the_assignment_alone(autograder, tmp_path):
+    """--assignment: a list of exercises of chapter 5 (one check); chapter 13's key gets one failed row of
+    the assignment, not chapter 13's rows; the roster's column is named after the assignment."""
+    _, handout = autograder
+    nbformat.write(with_key_code(student_notebook(handout)), tmp_path / "ada.ipynb")
+    nbformat.write(key_of(handout, OTHERS[0]), tmp_path / "bob.ipynb")
+    (tmp_path / "roster.csv").write_text("notebook,lms_id\nada,a\nbob,b\n")
+    manifest = str(handout / "student" / "exercises.json")
+    code = grade.main([str(tmp_path / "ada.ipynb"), str(tmp_path / "bob.ipynb"), "--manifest", manifest,
+                       "--out", str(tmp_path), "--jobs", "2", "--secret", SECRET, "--roster",
+                       str(tmp_path / "roster.csv"), "--assignment", "ex-ch5-causal-mask"])
+    rows = json.loads((tmp_path / "grades.json").read_text())
+    assert code == 1 and [(r["student"], r["check"], r["passed"], r["points"], r["max_points"]) for r in rows] == [
+        ("ada", "check_causal_mask", True, 1, 1), ("bob", "check_causal_mask", False, 0, 1)], rows
+    assert "chapter 13_todays_models, not of the assignment" in rows[1]["message"]
+    assert {r["chapter"] for r in rows} == {CHAPTER.stem}
+    header, *totals = read_csv(tmp_path / exports.LMS_FILE)
+    assert header[-1] == f"{CHAPTER.stem}: ex-ch5-causal-mask" and [t[-1] for t in totals] == ["1", "0"]
+    assert grade.main([str(tmp_path / "ada.ipynb"), "--manifest", manifest, "--assignment", "ch5"]) == 2
+
+
+def test_an_assignment_is_a_chapter_or_exercises_of_one_chapter(autograder):
+    manifest = handout_manifest.read_manifest(autograder[1] / "student" / "exercises.json")
+    for spec in ("5", "05", CHAPTER.stem, CHAPTER.name):
+        assert handout_manifest.find_assignment(manifest, spec)["max_points"] == MAXIMUM
+    chosen = handout_manifest.find_assignment(manifest, "ex-ch5-multihead, ex-ch5-split-merge")
+    assert chosen["exercises"] == ["ex-ch5-split-merge", "ex-ch5-multihead"] and chosen["max_points"] == 4
+    for spec, message in [("ex-ch5-multihead,ex-ch13-swiglu", "of one chapter"), ("99", "unknown '99'"),
+                          ("ex-ch5-mask-shapes", "no exercise with an automatic check"), (" ", "empty")]:
+        with pytest.raises(ValueError, match=message):
+            handout_manifest.find_assignment(manifest, spec)
+
+
+ASSIGNED = {"name": "01", "notebook": "book/01_weighted_average.ipynb", "exercises": ["ex-ch1-softmax", "ex-ch1-loop"],
+            "max_points": 4}
+
+
+@pytest.mark.parametrize("files,chosen,said", [
+    (["01_weighted_average.ipynb"], "01_weighted_average.ipynb", "the assignment's notebook."),
+    (["x/01_weighted_average.ipynb", "a.ipynb", ".ipynb_checkpoints/a.ipynb"], "x/01_weighted_average.ipynb",
+     "Not graded: a.ipynb (only 01_weighted_average.ipynb counts)"),
+    (["mine.ipynb", "notes.txt"], "mine.ipynb", "the only notebook submitted"),
+    (["a/01_weighted_average.ipynb", "b/01_weighted_average.ipynb"], None, "2 notebooks are named"),
+    (["a.ipynb", "b.ipynb"], None, "none is named 01_weighted_average.ipynb"),
+    (["notes.txt"], None, "No notebook"),
+])
+def test_the_one_notebook_of_a_submission(tmp_path, files, chosen, said):
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}")
+    if chosen is None:
+        with pytest.raises(exports.Refused, match=said):
+            exports.choose_notebook(tmp_path, ASSIGNED)
+    else:
+        path, note = exports.choose_notebook(tmp_path, ASSIGNED)
+        assert path == tmp_path / chosen and said in note
 
 
 ROWS = [
@@ -189,6 +312,17 @@ def test_gradescope_results_of_one_notebook():
     assert "ada (01): 1 of 2 checks passed, 2 of 4 points." in results["output"]
     assert exports.gradescope_results([Row(**{k: v for k, v in ROWS[1].items()})]) == \
         exports.gradescope_results([ROWS[1]]), "grade.py's dataclass rows read as grades.json's dicts"
+
+
+def test_the_score_never_exceeds_the_assignments_maximum():
+    """Rows of exercises outside the assignment do not count, and the score is cut to its maximum."""
+    twice = ROWS[:2] + [dict(ROWS[0], student="ada (1)"), dict(ROWS[0], exercise="ex-ch2-other")]
+    results = exports.gradescope_results(twice, assignment=ASSIGNED | {"max_points": 3})
+    assert_valid_results(results)
+    assert results["score"] == 3 and len(results["tests"]) == 3, results
+    assert "1 check(s) of exercises outside the assignment" in results["output"]
+    assert "add up to 4 points; the assignment is worth 3" in results["output"]
+    assert exports.gradescope_results(ROWS[:2], assignment=ASSIGNED)["score"] == 2
 
 
 def test_gradescope_results_of_several_notebooks_and_of_none():

@@ -290,7 +290,7 @@ def test_the_same_submission_gets_the_same_grade_and_seeds_on_every_run(graded):
     students = sorted({s for s, _ in first})
     roster = base / "roster.csv"
     roster.write_text("notebook,lms_id\n" + "".join(f"{s},id-{s}\n" for s in students))
-    _, second = run_grade(folder, base / "second", "--roster", str(roster), "--assignment", "Chapter 12")
+    _, second = run_grade(folder, base / "second", "--roster", str(roster), "--lms-column", "Chapter 12")
     with open(base / "second" / "lms_totals.csv", newline="") as table:
         totals = {r["SIS Login ID"]: float(r["Chapter 12"]) for r in csv.DictReader(table)}
     for student in students:

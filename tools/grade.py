@@ -2,6 +2,7 @@
 
     .venv/bin/python tools/grade.py submissions/*.ipynb
     .venv/bin/python tools/grade.py --manifest _handout/student/exercises.json --out grades/ submissions/*.ipynb
+    .venv/bin/python tools/grade.py --assignment 15 submissions/*.ipynb
 
 The checks expected of each notebook come from the handout's list of exercises
 (`_handout/student/exercises.json`, written by `make handout`), never from what
@@ -10,6 +11,14 @@ process, on the student's function, which runs in a separate, sandboxed worker
 that only returns plain data (tools/grading/ says how); a check cell that was
 printed over, renamed, edited or removed counts as failed and is named.
 
+--assignment (tools/handout_manifest.py): what one grade is given for, a chapter (`15`,
+`15_heads_across_devices`) or exercises of one chapter by their labels, comma-separated.
+Given one, every notebook is graded for it alone: only its checks, and a notebook of
+another chapter (or none) gets one failed row per check of the assignment, 0 of its
+points, saying which chapter it is, never that chapter's rows. Without it, the
+assignment that the manifest records (the exercises.json of a Gradescope zip) is
+graded; a manifest that records none grades each notebook against its own chapter.
+
 Limits: --timeout seconds per request to a worker (running the notebook's code,
 or one call of a function), --notebook-timeout seconds per notebook, --memory GiB
 per worker; at a limit the worker is killed and the notebook's remaining checks
@@ -17,7 +26,9 @@ fail, naming the limit. The random cases are seeded from --secret (or the
 environment variable MHA_GRADING_SECRET), the student, the check and the code:
 the same submission gets the same grade on every run, and the seed is in
 grades.json. With --roster, a CSV of totals per student for an LMS is written too
-(tools/grading/exports.py says the formats).
+(tools/grading/exports.py says the formats), in the column --lms-column (default: the
+assignment's name, else "Multi-head attention"); under an assignment, no student's total
+exceeds its maximum.
 
 Prints, per student, every check with every failure in full (hint included),
 and writes `grades.csv` and `grades.json` (one row per student and check:
@@ -40,7 +51,7 @@ from pathlib import Path
 
 from grading.notebook import Row, grade_notebook
 from grading.sandbox import ISOLATION, Limits
-from handout_manifest import read_manifest
+from handout_manifest import assignment_checks, assignment_manifest, chapter_stem, find_assignment, read_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "_handout" / "student" / "exercises.json"
@@ -167,6 +178,63 @@ def write_grades(rows, folder):
     return folder / "grades.csv", folder / "grades.json"
 
 
+def chosen_assignment(manifest, spec):
+    """The assignment to grade: `spec` (--assignment) if given, else the one the manifest records, else None
+    (each notebook against its own chapter). ValueError: a spec that names nothing gradable."""
+    if spec is not None:
+        return find_assignment(manifest, spec)
+    return manifest.get("assignment")
+
+
+def wrong_notebook(path, manifest, assignment):
+    """Why the notebook at `path` is not the assignment's (a sentence for the student), or None. A notebook
+    that cannot be read is left to the grader, whose row says so."""
+    from grading.notebook import chapter_of
+    import nbformat
+    try:
+        notebook = nbformat.read(path, as_version=4)
+    except Exception:  # noqa: BLE001 - the grader's own row says why
+        return None
+    expected, name = Path(assignment["notebook"]).name, assignment["name"]
+    chapter = chapter_of(notebook, path, manifest)
+    if chapter is None:
+        return (f"{Path(path).name} is no chapter's notebook (none of the exercises is in it): not graded. "
+                f"The assignment is {name}: submit {expected}.")
+    if chapter["notebook"] != assignment["notebook"]:
+        return (f"{Path(path).name} is the notebook of chapter {chapter_stem(chapter)}, not of the assignment "
+                f"({name}): not graded. Submit {expected}.")
+    return None
+
+
+def assignment_rows(rows, paths, manifest, assignment):
+    """The rows of every notebook for the assignment alone: each notebook's rows of the assignment's checks
+    (one each), or, for a notebook of another chapter or one the grader could not grade, one failed row per
+    check of the assignment, 0 of its points, saying why."""
+    expected = assignment_checks(manifest, assignment)
+    wanted = [(label, check) for label, check, _ in expected]
+    stem = Path(assignment["notebook"]).stem
+    out = []
+    for path, name in dict.fromkeys(zip(paths, student_names(paths))):
+        mine = {}
+        for row in rows:
+            if row.student == name and (row.exercise, row.check) in wanted:
+                mine.setdefault((row.exercise, row.check), row)
+        why = wrong_notebook(path, manifest, assignment)
+        if why is None and len(mine) == len(wanted):
+            out += [mine[key] for key in wanted]
+            continue
+        said = why or "; ".join(dict.fromkeys(r.message for r in rows if r.student == name and not r.passed
+                                              and (r.exercise, r.check) not in mine)) \
+            or "the grader found none of the assignment's checks in this notebook"
+        out += [Row(name, label, check, False, said, 0, points, stem) for label, check, points in expected]
+    return out
+
+
+def lms_column(given, assignment):
+    """The LMS column of the totals: --lms-column, else the assignment's name, else the course's."""
+    return given or (assignment["name"] if assignment else "Multi-head attention")
+
+
 def arguments(argv):
     parser = argparse.ArgumentParser(description="Grade student notebooks with the automatic checks.")
     parser.add_argument("notebooks", nargs="+", help="the submitted notebooks (.ipynb)")
@@ -181,8 +249,12 @@ def arguments(argv):
     parser.add_argument("--memory", type=float, default=4, help="GiB of memory per worker (default: 4)")
     parser.add_argument("--secret", help="the assignment's secret, which seeds the random cases "
                         "(default: the environment variable MHA_GRADING_SECRET)")
+    parser.add_argument("--assignment", help="grade this assignment alone: a chapter (`15` or "
+                        "`15_heads_across_devices`) or exercises of one chapter, their labels comma-separated "
+                        "(default: the one the manifest records, if any; else each notebook's own chapter)")
     parser.add_argument("--roster", help="a CSV: student notebook name -> LMS id; writes the totals for an LMS")
-    parser.add_argument("--assignment", default="Multi-head attention", help="the LMS column of the totals")
+    parser.add_argument("--lms-column", help="the LMS column of the totals (default: the assignment's name, "
+                        "else \"Multi-head attention\")")
     args = parser.parse_args(argv)
     for name in ("timeout", "notebook_timeout", "memory"):
         if getattr(args, name) <= 0:
@@ -193,18 +265,29 @@ def arguments(argv):
 def main(argv):
     args = arguments(argv)
     manifest = read_manifest(args.manifest)
+    try:
+        assignment = chosen_assignment(manifest, args.assignment)
+    except ValueError as error:
+        print(f"grade.py: error: {error}", file=sys.stderr)
+        return 2
     secret, warning = assignment_secret(args.secret, args.manifest)
     limits = Limits(args.timeout, args.notebook_timeout, int(args.memory * 2**30))
     covered = covered_folders(args.notebooks, args.out, args.manifest)
     trusted = [ROOT / "src" / "mha", ROOT / "tools", Path(args.manifest)]
-    rows = grade_all(args.notebooks, manifest, max(1, args.jobs), limits, secret, covered, trusted)
+    graded = assignment_manifest(manifest, assignment) if assignment else manifest
+    rows = grade_all(args.notebooks, graded, max(1, args.jobs), limits, secret, covered, trusted)
+    if assignment:
+        rows = assignment_rows(rows, args.notebooks, manifest, assignment)
+        print(f"assignment: {assignment['name']}, {assignment['max_points']:g} points ({assignment['notebook']})")
     print(summary(rows))
     csv_path, json_path = write_grades(rows, args.out)
     print(f"\ngrades: {csv_path}, {json_path}")
     if args.roster:
         from grading.exports import write_lms_totals
         try:
-            print(f"totals for the LMS: {write_lms_totals(rows, args.roster, args.out, args.assignment)}")
+            path = write_lms_totals(rows, args.roster, args.out, lms_column(args.lms_column, assignment),
+                                    assignment["max_points"] if assignment else None)
+            print(f"totals for the LMS: {path}")
         except ValueError as error:  # the roster and the notebooks disagree: the grades are written already
             print(f"no totals for the LMS: {error}", file=sys.stderr)
             return 2

@@ -1,7 +1,8 @@
 """The grades, as Gradescope and an LMS (Canvas, Moodle) read them.
 
-    python tools/grading/exports.py gradescope GRADES_JSON RESULTS_JSON
-    python tools/grading/exports.py lms GRADES_JSON --roster ROSTER_CSV --out DIR [--assignment NAME]
+    python tools/grading/exports.py gradescope GRADES_JSON RESULTS_JSON [--manifest EXERCISES_JSON] [--note TEXT]
+    python tools/grading/exports.py choose SUBMISSION_DIR EXERCISES_JSON --refusal RESULTS_JSON
+    python tools/grading/exports.py lms GRADES_JSON --roster ROSTER_CSV --out DIR [--lms-column NAME] [--maximum POINTS]
 
 Both read the rows of `grades.json` that tools/grade.py writes (one per student and
 check: student, exercise, check, passed, message, points, max_points, chapter, and
@@ -17,6 +18,16 @@ notebook), "visibility": "visible", and "tests", one per check, each with "name"
 "test_output_format" and "test_name_format" are "text"), so that a message such as
 `<lambda>` is shown as written rather than read as HTML. A row's `seed`, if it has
 one, goes into the test's "extra_data".
+
+One submission is graded for ONE assignment (tools/handout_manifest.py: a chapter, or
+exercises of one chapter), which the autograder's exercises.json records. Given it
+(`assignment`, or `--manifest`), the conversion keeps only the rows of the assignment's
+exercises, and the score never exceeds the assignment's maximum, whatever the rows hold.
+`choose_notebook` picks the one notebook of a submission to grade: the one named as the
+assignment's notebook (`15_heads_across_devices.ipynb`; any others are named in the report
+and not graded), else the only notebook there is. Several notebooks none of which has that
+name, two of that name, or none at all: nothing is graded, and results.json gives 0 points
+with the reason (`refusal_results`), one failed test per check of the assignment.
 
 LMS (`write_lms_totals`): one CSV of totals per student that both of these import:
 - Canvas, Grades > Import (https://community.canvaslms.com/t5/Instructor-Guide/How-do-I-import-grades-in-the-Gradebook/ta-p/807):
@@ -61,6 +72,10 @@ import warnings
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
+TOOLS = Path(__file__).resolve().parent.parent  # handout_manifest, when run as a script
+if str(TOOLS) not in sys.path:
+    sys.path.append(str(TOOLS))
+
 VISIBLE = "visible"
 CANVAS_IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
 ROSTER_REQUIRED = ("notebook", "lms_id")
@@ -70,6 +85,14 @@ LMS_FILE = "lms_totals.csv"
 
 class MissingSubmission(UserWarning):
     """A roster entry with no graded notebook: it scores 0."""
+
+
+class SeveralSubmissions(UserWarning):
+    """Several notebooks of one student for one assignment: their total is cut to its maximum."""
+
+
+class Refused(ValueError):
+    """A submission that holds no notebook to grade, or several that could be it."""
 
 
 def as_dicts(rows):
@@ -102,11 +125,34 @@ def summary_line(student, mine):
             f"{tidy(points)} of {tidy(most)} points.")
 
 
-def gradescope_results(rows, note=""):
-    """Gradescope's results.json (a dict) for one submission: its rows of grades.json."""
+def student_lines(student, mine):
+    """The summary line of one notebook, then, when every check failed for one reason (another chapter's
+    notebook, a grader that stopped), that reason."""
+    reasons = {(r.get("message") or "").strip() for r in mine}
+    said = [reasons.pop()] if len(mine) > 1 and len(reasons) == 1 and not any(r.get("passed") for r in mine) else []
+    return [summary_line(student, mine)] + [s for s in said if s]
+
+
+def assignment_rows(rows, assignment):
+    """(the rows of the assignment's exercises, and of none: a notebook's failure; the others)."""
+    labels = set(assignment["exercises"])
+    kept = [r for r in rows if not r.get("exercise") or r["exercise"] in labels]
+    return kept, [r for r in rows if r.get("exercise") and r["exercise"] not in labels]
+
+
+def gradescope_results(rows, note="", assignment=None):
+    """Gradescope's results.json (a dict) for one submission: its rows of grades.json. `assignment`
+    (tools/handout_manifest.py's dict, with "exercises" and "max_points"): only the rows of its exercises
+    count, and the score is at most its maximum."""
     rows = as_dicts(rows)
+    notes = [note] if note else []
+    if assignment is not None:
+        rows, dropped = assignment_rows(rows, assignment)
+        if dropped:
+            notes.append(f"{len(dropped)} check(s) of exercises outside the assignment ({assignment['name']}) "
+                         "were not counted.")
     students = list(dict.fromkeys(r["student"] for r in rows))
-    lines = [summary_line(s, [r for r in rows if r["student"] == s]) for s in students]
+    lines = [line for s in students for line in student_lines(s, [r for r in rows if r["student"] == s])]
     if not rows:
         lines = ["No check was graded: the submission holds no notebook with an exercise that has an "
                  "automatic check. Submit the chapter's notebook (.ipynb) with your solutions."]
@@ -119,10 +165,64 @@ def gradescope_results(rows, note=""):
         if row.get("seed") is not None:
             test["extra_data"] = {"seed": row["seed"]}
         tests.append(test)
-    return {"score": tidy(sum(r["points"] for r in rows)),
-            "output": "\n".join(([note] if note else []) + lines),
+    score = sum(r["points"] for r in rows)
+    if assignment is not None and score > assignment["max_points"]:
+        notes.append(f"The rows add up to {tidy(score)} points; the assignment is worth "
+                     f"{tidy(assignment['max_points'])}, which is the score.")
+        score = assignment["max_points"]
+    return {"score": tidy(score),
+            "output": "\n".join(notes + lines),
             "output_format": "text", "test_output_format": "text", "test_name_format": "text",
             "visibility": VISIBLE, "tests": tests}
+
+
+def submitted_notebooks(folder):
+    """The notebooks of a submission (regular files, checkpoints aside), sorted."""
+    folder = Path(folder)
+    found = [p for p in folder.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.relative_to(folder).parts
+             and p.is_file() and not p.is_symlink()] if folder.is_dir() else []
+    return sorted(found)
+
+
+def choose_notebook(folder, assignment):
+    """(the notebook of the submission in `folder` to grade for `assignment`, a note for the report), or
+    Refused saying why there is none (see the module's docstring)."""
+    folder = Path(folder)
+    expected = Path(assignment["notebook"]).name
+    notebooks = submitted_notebooks(folder)
+    shown = lambda paths: ", ".join(p.relative_to(folder).as_posix() for p in paths)  # noqa: E731
+    named = [p for p in notebooks if p.name == expected]
+    if len(named) > 1:
+        raise Refused(f"{len(named)} notebooks are named {expected} ({shown(named)}): nothing was graded. "
+                      f"Submit one {expected}.")
+    if named:
+        others = [p for p in notebooks if p != named[0]]
+        return named[0], (f"Graded {shown(named)}, the assignment's notebook."
+                          + (f" Not graded: {shown(others)} (only {expected} counts)." if others else ""))
+    if not notebooks:
+        raise Refused(f"No notebook (.ipynb) was submitted: submit {expected} with your solutions.")
+    if len(notebooks) > 1:
+        raise Refused(f"{len(notebooks)} notebooks were submitted ({shown(notebooks)}) and none is named {expected}: "
+                      f"nothing was graded. Submit {expected} alone.")
+    return notebooks[0], f"Graded {shown(notebooks)}, the only notebook submitted (the assignment's is {expected})."
+
+
+def refusal_results(message, manifest=None, assignment=None):
+    """results.json giving 0 points and saying why: one failed test per check of the assignment, if any."""
+    tests = []
+    if assignment is not None:
+        from handout_manifest import assignment_checks
+        tests = [{"name": f"{label}: {check}", "score": 0, "max_score": tidy(points), "status": "failed",
+                  "output": message, "visibility": VISIBLE}
+                 for label, check, points in assignment_checks(manifest, assignment)]
+    return {"score": 0, "output": message, "output_format": "text", "test_output_format": "text",
+            "test_name_format": "text", "visibility": VISIBLE, "tests": tests}
+
+
+def read_assignment(manifest_path):
+    """(the manifest, the assignment it records or None)."""
+    manifest = json.loads(Path(manifest_path).read_text(encoding="utf-8"))
+    return manifest, manifest.get("assignment")
 
 
 def write_json(data, path):
@@ -181,11 +281,21 @@ def lms_totals(rows, roster):
     return totals
 
 
-def write_lms_totals(rows, roster_path, folder, assignment="Multi-head attention"):
-    """Write `lms_totals.csv` (points per student, for Canvas and Moodle) into `folder`; its path."""
+def write_lms_totals(rows, roster_path, folder, assignment="Multi-head attention", maximum=None):
+    """Write `lms_totals.csv` (points per student, for Canvas and Moodle) into `folder`; its path.
+    `assignment`: the name of the LMS column; `maximum`: the assignment's points, which no student's total
+    exceeds (several notebooks of one student for one assignment are not added beyond it)."""
     if not assignment.strip() or assignment in CANVAS_IDENTITY:
         raise ValueError(f"the assignment's name {assignment!r} cannot be a column of its own: choose another")
     totals = lms_totals(rows, read_roster(roster_path))
+    if maximum is not None:
+        over = [lms_id for lms_id, total in totals.items() if total["points"] > maximum]
+        if over:
+            warnings.warn(f"{len(over)} student(s) have more than the assignment's {tidy(maximum)} points from "
+                          f"several notebooks; their totals are cut to it: {', '.join(over)}", SeveralSubmissions,
+                          stacklevel=2)
+        for total in totals.values():
+            total["points"] = min(total["points"], maximum)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LMS_FILE
@@ -213,24 +323,56 @@ def arguments(argv):
     gradescope = commands.add_parser("gradescope", help="grades.json of one submission -> Gradescope's results.json")
     gradescope.add_argument("grades_json")
     gradescope.add_argument("results_json")
+    gradescope.add_argument("--manifest", help="the autograder's exercises.json: only its assignment's checks "
+                            "count, and the score is at most the assignment's maximum")
+    gradescope.add_argument("--note", default="", help="a line for the top of the report")
+    choose = commands.add_parser("choose", help="the one notebook of a submission to grade for the assignment "
+                                 "(prints its path, then a note); exit 3 having written a results.json of 0 points "
+                                 "when there is none")
+    choose.add_argument("submission", help="the submission's folder")
+    choose.add_argument("manifest", help="the autograder's exercises.json, which records the assignment")
+    choose.add_argument("--refusal", required=True, help="where to write results.json when nothing can be graded")
     lms = commands.add_parser("lms", help="grades.json of a class -> lms_totals.csv for Canvas and Moodle")
     lms.add_argument("grades_json")
     lms.add_argument("--roster", required=True, help="CSV with the columns notebook, lms_id (and name, section)")
     lms.add_argument("--out", required=True, help="the folder to write lms_totals.csv into")
-    lms.add_argument("--assignment", default="Multi-head attention", help="the assignment's name in the LMS")
+    lms.add_argument("--lms-column", default="Multi-head attention", help="the assignment's name in the LMS")
+    lms.add_argument("--maximum", type=float, help="the assignment's points: no student's total exceeds them")
     return parser.parse_args(argv)
+
+
+def choose(args):
+    manifest, assignment = read_assignment(args.manifest)
+    try:
+        if assignment is None:
+            raise Refused("This autograder was built without an assignment, so it grades nothing: tell your "
+                          "instructor (make gradescope ASSIGNMENT=...).")
+        if "\n" in str(Path(args.submission).resolve()):
+            raise Refused("The submission's folder has a line break in its name.")
+        notebook, note = choose_notebook(args.submission, assignment)
+        if "\n" in str(notebook):
+            raise Refused(f"A notebook's name holds a line break: rename it {Path(assignment['notebook']).name}.")
+    except Refused as refused:
+        write_json(refusal_results(str(refused), manifest, assignment), args.refusal)
+        print(refused, file=sys.stderr)
+        return 3
+    print(f"{notebook}\n{note}")
+    return 0
 
 
 def main(argv):
     args = arguments(argv)
+    if args.command == "choose":
+        return choose(args)
     rows = read_rows(args.grades_json)
     if args.command == "gradescope":
-        results = gradescope_results(rows)
-        print(f"{write_json(results, args.results_json)}: {results['score']} of "
-              f"{tidy(sum(t['max_score'] for t in results['tests']))} points")
+        assignment = read_assignment(args.manifest)[1] if args.manifest else None
+        results = gradescope_results(rows, args.note, assignment)
+        most = assignment["max_points"] if assignment else sum(t["max_score"] for t in results["tests"])
+        print(f"{write_json(results, args.results_json)}: {results['score']} of {tidy(most)} points")
         return 0
     try:
-        path = write_lms_totals(rows, args.roster, args.out, args.assignment)
+        path = write_lms_totals(rows, args.roster, args.out, args.lms_column, args.maximum)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

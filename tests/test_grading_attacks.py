@@ -152,6 +152,19 @@ def repeat_kv(x, n_rep):
     x[...] = 0
     return out
 ''',
+    # the reply: one far longer than the case allows, one nested deeper than any answer
+    "oversized_reply": RIGHT_REPEAT + '''
+_right = repeat_kv
+def repeat_kv(x, n_rep):
+    return np.zeros(2**24) if x.size > 1 else _right(x, n_rep)
+''',
+    "deep_reply": RIGHT_REPEAT + '''
+def repeat_kv(x, n_rep):
+    deep = [1.0]
+    for _ in range(60):
+        deep = [deep]
+    return deep
+''',
     "right": RIGHT_REPEAT,
 }
 # Other chapters: (chapter, function, code, passes?). Library roads to softmax, the LM loss and
@@ -177,6 +190,10 @@ OTHER_CHAPTERS = {
                          "    x -= x.max(axis=axis, keepdims=True)\n    np.exp(x, out=x)\n"
                          "    x /= x.sum(axis=axis, keepdims=True)\n    return x\n", False),
     "chunked_full_matrix": ("08_attention_at_scale.ipynb", "chunked_attention", FULL_MATRIX_CHUNKED, False),
+    # a sleeping child started first: the memory must still be measured on the process that computes
+    "chunked_full_matrix_past_a_decoy": ("08_attention_at_scale.ipynb", "chunked_attention",
+                                         "import subprocess\n_decoy = subprocess.Popen(['sleep', '600'])\n"
+                                         + FULL_MATRIX_CHUNKED, False),
     "generate_by_torch_face": ("11_training_a_transformer.ipynb", "generate_greedy",
                                "import mha.torch as mt\ngenerate_greedy = mt.generate_greedy\n", False),
 }
@@ -199,7 +216,8 @@ REASONS = {"ends_the_process": "worker ended", "hangs": "ran past", "hog": "GiB"
            "library_itself": "switched off", "library_renamed_and_wrapped": "switched off",
            "library_cache_step": "switched off", "torch_instead": "not available",
            "library_source_from_disk": "No such file", "in_place": "in place",
-           "frame_walker": "not an answer", "library_in_a_thread": "IndexError"}
+           "frame_walker": "not an answer", "library_in_a_thread": "IndexError",
+           "oversized_reply": "reply was refused", "deep_reply": "reply was refused"}
 
 
 def submission(handout, chapter, function, code):
@@ -261,9 +279,10 @@ def test_library_roads_torch_scipy_in_place_and_a_full_matrix_fail_in_other_chap
     assert not row["passed"] and row["points"] == 0, row
 
 
-def test_the_full_matrix_fails_on_memory_measured_from_outside(graded):
+@pytest.mark.parametrize("attack", ["chunked_full_matrix", "chunked_full_matrix_past_a_decoy"])
+def test_the_full_matrix_fails_on_memory_measured_from_outside(graded, attack):
     _, _, (_, rows) = graded
-    assert "MiB" in rows[("chunked_full_matrix", "check_chunked_attention")]["message"]
+    assert "MiB" in rows[(attack, "check_chunked_attention")]["message"]
 
 
 @pytest.mark.parametrize("chapter", KEYS)
@@ -279,7 +298,7 @@ def test_a_hang_and_a_crash_cost_only_their_own_notebook(graded):
     _, _, (_, rows) = graded
     assert {student for student, _ in rows} == set(ATTACKS_12) | set(OTHER_CHAPTERS) | {
         f"key_{c[:2]}" for c in KEYS}
-    for attack in ("hangs", "ends_the_process", "hog"):
+    for attack in ("hangs", "ends_the_process", "hog", "oversized_reply", "deep_reply"):
         others = [r for (s, c), r in rows.items() if s == attack and c != "check_repeat_kv"]
         assert others and all("not written yet" in r["message"] or not r["passed"] for r in others)
 

@@ -79,3 +79,11 @@ def tampered_checks(cells, exercise):
     if any(same_code(parsed(source), handout_cell) for _, source in code_cells):
         return {}
     return {c["check"]: how_tampered(code_cells, c["check"], c["function"]) for c in exercise["checks"]}
+
+
+
+if __name__ == "__main__":  # a module, not a command: `--help` says so, and nothing runs
+    import argparse
+    SAID = "A module of tools/grade.py (tools/grading/notebook.py), which imports it: it has no command of its own."
+    argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=SAID).parse_args()
+    print(f"tools/check_cells.py: {SAID}")

@@ -27,6 +27,7 @@ finds it again). Run `make notebooks` after changing the URL: it calls this tool
 then re-executes the chapters.
 """
 
+import argparse
 import sys
 import tomllib
 from pathlib import Path
@@ -124,9 +125,22 @@ def apply(notebook, source):
     return True
 
 
-def main(args):
-    check = "--check" in args
-    paths = [Path(a).resolve() for a in args if a != "--check"] or chapters()
+def arguments(argv):
+    parser = argparse.ArgumentParser(description="Write the Colab install cell, the first code cell of every "
+                                     "chapter, from _config.yml.")
+    parser.add_argument("notebooks", nargs="*", type=Path, help="the notebooks to update (default: every chapter)")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 naming stale notebooks")
+    args = parser.parse_args(argv)
+    for path in args.notebooks:
+        if path.suffix != ".ipynb" or not path.is_file():
+            parser.error(f"{path} is not a notebook (.ipynb file)")
+    return args
+
+
+def main(argv):
+    args = arguments(argv)
+    check = args.check
+    paths = [path.resolve() for path in args.notebooks] or chapters()
     stale = []
     for path in paths:
         notebook = nbformat.read(path, as_version=4)

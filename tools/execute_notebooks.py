@@ -7,17 +7,17 @@ Runs with PYTHONHASHSEED=0 (set by the Makefile) so that stored outputs are the
 ones nbval will see. Prints how long each notebook took.
 """
 
+import argparse
 import sys
 import time
 from pathlib import Path
-
-import nbformat
-from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def execute(path):
+    import nbformat
+    from nbclient import NotebookClient
     notebook = nbformat.read(path, as_version=4)
     for cell in notebook.cells:  # no timestamps in the stored notebooks: quieter diffs
         cell.metadata.pop("execution", None)
@@ -30,8 +30,15 @@ def execute(path):
     return seconds
 
 
-def main(args):
-    paths = [Path(a).resolve() for a in args] or sorted((ROOT / "book").glob("*.ipynb"))
+def main(argv):
+    parser = argparse.ArgumentParser(description="Re-execute the book's notebooks in place and store their "
+                                     "fresh outputs.")
+    parser.add_argument("notebooks", nargs="*", type=Path, help="the notebooks (default: every one in book/)")
+    args = parser.parse_args(argv)
+    for path in args.notebooks:
+        if path.suffix != ".ipynb" or not path.is_file():
+            parser.error(f"{path} is not a notebook (.ipynb file)")
+    paths = [path.resolve() for path in args.notebooks] or sorted((ROOT / "book").glob("*.ipynb"))
     if not paths:
         sys.exit("no notebooks found in book/")
     for path in paths:

@@ -164,6 +164,10 @@ def make_autograder(zip_path=None, manifest=None, secret=None, *, assignment):
     from make_handout import make_handout
     from output_folder import file_refusal
     secret = secret or os.environ.get("MHA_GRADING_SECRET")
+    refused = lambda path: file_refusal(path, ".zip", zip_is_ours)  # noqa: E731
+    if zip_path is not None and refused(zip_path):  # before the minutes of a handout
+        raise ValueError(f"tools/make_gradescope.py refuses to write {zip_path}: {refused(zip_path)}. "
+                         "Nothing was overwritten.")
     with tempfile.TemporaryDirectory() as scratch:
         if manifest is None:
             manifest = make_handout(Path(scratch) / "handout", build_html=False, repository=None) \
@@ -171,7 +175,7 @@ def make_autograder(zip_path=None, manifest=None, secret=None, *, assignment):
         full = json.loads(Path(manifest).read_text(encoding="utf-8"))
         chosen = find_assignment(full, assignment)
         zip_path = Path(zip_path) if zip_path is not None else default_zip(chosen)
-        why = file_refusal(zip_path, ".zip", zip_is_ours)
+        why = refused(zip_path)
         if why:
             raise ValueError(f"tools/make_gradescope.py refuses to write {zip_path}: {why}. Nothing was overwritten.")
         shipped = Path(scratch) / "exercises.json"

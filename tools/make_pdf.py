@@ -150,6 +150,10 @@ def main(args):
     parser.add_argument("--site", type=Path, help="an offline build of the site to print")
     parser.add_argument("--output", type=Path, default=OUTPUT)
     options = parser.parse_args(args)
+    from output_folder import file_refusal
+    why = file_refusal(options.output, ".pdf", lambda path: path.read_bytes()[:5] == b"%PDF-")
+    if why:
+        parser.error(f"--output: {why}; nothing was overwritten")
     site = options.site or build_site(ROOT / "_build" / "pdf" / "site")
     output = print_book(site, options.output)
     print(f"{output}: {len(PdfWriter(str(output)).pages)} pages")

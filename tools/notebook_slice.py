@@ -88,3 +88,11 @@ def statement_units(cells):
                 yield (i, code, *global_names(code))
             except SyntaxError:  # parses, yet cannot run: `return` outside a function, ...
                 continue
+
+
+
+if __name__ == "__main__":  # a module, not a command: `--help` says so, and nothing runs
+    import argparse
+    SAID = "A module of tools/grade.py (tools/grading/notebook.py), which imports it: it has no command of its own."
+    argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=SAID).parse_args()
+    print(f"tools/notebook_slice.py: {SAID}")

@@ -103,3 +103,11 @@ def set_install_cell(notebook, destination, repository):
     else:
         notebook.cells = [c for c in notebook.cells if not colab_cell.is_install_cell(c)]
     return notebook
+
+
+
+if __name__ == "__main__":  # a module, not a command: `--help` says so, and nothing runs
+    import argparse
+    SAID = "A module of tools/make_handout.py, which imports it: it has no command of its own."
+    argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=SAID).parse_args()
+    print(f"tools/student_copy.py: {SAID}")

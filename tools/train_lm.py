@@ -49,7 +49,10 @@ def parse_arguments(argv):
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--device", default=None, help="cpu or cuda:N (default: each process's GPU if any, else cpu)")
-    return parser.parse_args(argv)
+    arguments = parser.parse_args(argv)
+    if arguments.checkpoint is not None and arguments.checkpoint.suffix != ".pt":
+        parser.error(f"--checkpoint {arguments.checkpoint}: a checkpoint is a .pt file (a fresh run deletes it)")
+    return arguments
 
 
 def start_processes(device):

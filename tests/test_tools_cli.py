@@ -1,0 +1,139 @@
+"""The tools never delete what they did not make.
+
+`python tools/make_handout.py --help` once made a folder named `--help` and wrote the
+handout into it, and `make_handout.py book` would have deleted the book first. Here:
+every script of tools/ (and tools/grading/exports.py) parses its arguments: `--help`
+prints its usage, exits 0 and changes nothing, run from the repository (no file made,
+changed or deleted there, `git status` as it was) and from an empty folder (still empty).
+make_handout writes only into a new or empty folder, or one that an earlier run made
+(its marker `.mha-handout`), and refuses any other folder, and any path inside the
+repository but `_handout/`, with an error that names the folder, nothing deleted; the
+same for nbgrader_source's `nbgrader/` and make_gradescope's zip. The `--help` runs go
+in parallel (importing torch and nbformat takes a second or two each).
+"""
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import make_gradescope  # noqa: E402
+import make_handout  # noqa: E402
+import nbgrader_source  # noqa: E402
+import output_folder  # noqa: E402
+
+PYTHON = ROOT / ".venv" / "bin" / "python"
+TOOLS = sorted((ROOT / "tools").glob("*.py")) + [ROOT / "tools" / "grading" / "exports.py"]
+QUIET = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ written by these runs
+
+
+def git_status():
+    """Every change, untracked and ignored path of the repository, as git sees them."""
+    return set(subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=normal"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.splitlines())
+
+
+def run(tool, *arguments, cwd=ROOT):
+    return subprocess.run([str(PYTHON), str(tool), *map(str, arguments)], cwd=cwd, env=QUIET,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def helped(tmp_path_factory):
+    """Every tool run with --help, half of them from the repository and half from an empty folder, at
+    once: ({tool's name: the run}, git status before, after, the empty folder)."""
+    empty = tmp_path_factory.mktemp("cwd")
+    before = git_status()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        runs = dict(zip([t.name for t in TOOLS], pool.map(
+            lambda i: run(TOOLS[i], "--help", cwd=ROOT if i % 2 else empty), range(len(TOOLS)))))
+    return runs, before, git_status(), empty
+
+
+@pytest.mark.parametrize("tool", [t.name for t in TOOLS])
+def test_help_prints_usage_and_exits_0(helped, tool):
+    done = helped[0][tool]
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage: "), done.stdout[:500]
+
+
+def test_help_changes_nothing(helped):
+    _, before, after, empty = helped
+    assert after <= before, f"new or changed in the repository: {sorted(after - before)}"
+    assert not list(empty.iterdir()), f"written where the tools ran: {list(empty.iterdir())}"
+    assert not (ROOT / "--help").exists()
+
+
+def test_every_tool_parses_its_arguments():
+    for tool in TOOLS:
+        text = tool.read_text()
+        assert "argparse" in text and '__name__ == "__main__"' in text, f"{tool.name} has no argument parser"
+
+
+def test_make_handout_refuses_any_path_of_the_repository_but_its_own(monkeypatch):
+    done = run(ROOT / "tools" / "make_handout.py", "book", "--no-html")
+    assert done.returncode == 1 and "refuses to write into book" in done.stderr, done.stderr
+    assert "inside the course repository" in done.stderr and "Nothing was deleted" in done.stderr
+    monkeypatch.chdir(ROOT)
+    for path in ["book", ".", "tools/grading", "_build", "src/mha/new_folder", "..", ROOT / "book" / ".."]:
+        with pytest.raises(output_folder.FolderRefused, match="course repository"):
+            make_handout.make_handout(path, build_html=False, repository=None)
+    assert (ROOT / "book" / "intro.md").is_file() and (ROOT / "tools" / "grading" / "exports.py").is_file()
+    assert not (ROOT / "src" / "mha" / "new_folder").exists()
+
+
+def test_make_handout_refuses_a_folder_it_did_not_make(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("three years of work")
+    done = run(ROOT / "tools" / "make_handout.py", mine, "--no-html")
+    assert done.returncode == 1, done.stdout
+    assert str(mine) in done.stderr and "holds no .mha-handout" in done.stderr, done.stderr
+    assert [p.name for p in mine.iterdir()] == ["thesis.tex"] and (mine / "thesis.tex").read_text() == \
+        "three years of work"
+    (tmp_path / "a file").write_text("x")
+    with pytest.raises(output_folder.FolderRefused, match="is not a folder"):
+        make_handout.make_handout(tmp_path / "a file", build_html=False, repository=None)
+
+
+def test_make_handout_writes_again_where_it_wrote_before(tmp_path):
+    """A new folder, then the same folder again (the marker says it is the handout's); an empty one too."""
+    target = tmp_path / "handout"
+    done = run(ROOT / "tools" / "make_handout.py", target, "--no-html")
+    assert done.returncode == 0, done.stderr[-2000:]
+    (target / "key" / "stale.ipynb").write_text("{}")  # what the next run must clear
+    assert make_handout.make_handout(target, build_html=False, repository=None) == target
+    assert (target / ".mha-handout").is_file() and (target / "student" / "exercises.json").is_file()
+    assert not (target / "key" / "stale.ipynb").exists()
+    (tmp_path / "empty").mkdir()
+    assert make_handout.make_handout(tmp_path / "empty", build_html=False, repository=None) == tmp_path / "empty"
+    course = nbgrader_source.write_nbgrader_source(target)
+    assert (course / ".mha-nbgrader").is_file() and nbgrader_source.write_nbgrader_source(target) == course
+
+
+def test_nbgrader_source_refuses_a_course_it_did_not_make(tmp_path):
+    (tmp_path / "nbgrader" / "source").mkdir(parents=True)
+    (tmp_path / "nbgrader" / "gradebook.db").write_text("the grades of a term")
+    with pytest.raises(output_folder.FolderRefused, match="holds no .mha-nbgrader"):
+        nbgrader_source.write_nbgrader_source(tmp_path)
+    assert (tmp_path / "nbgrader" / "gradebook.db").read_text() == "the grades of a term"
+    assert (tmp_path / "nbgrader" / "source").is_dir()
+    with pytest.raises(output_folder.FolderRefused, match="inside the course repository"):
+        nbgrader_source.write_nbgrader_source(ROOT / "book")
+
+
+def test_make_gradescope_needs_an_assignment_and_overwrites_only_its_own_zip(tmp_path):
+    tool = ROOT / "tools" / "make_gradescope.py"
+    done = run(tool, tmp_path / "autograder.zip")
+    assert done.returncode == 2 and "--assignment" in done.stderr and not list(tmp_path.iterdir())
+    done = run(tool, ROOT / "README.md", "--assignment", "5")
+    assert done.returncode == 2 and "README.md does not end in .zip" in done.stderr, done.stderr
+    (tmp_path / "notes.zip").write_text("not a zip")
+    with pytest.raises(ValueError, match="not a .zip file made by this tool"):
+        make_gradescope.make_autograder(tmp_path / "notes.zip", assignment="5")
+    assert (tmp_path / "notes.zip").read_text() == "not a zip"

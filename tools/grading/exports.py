@@ -53,7 +53,9 @@ The roster is a CSV file with a header row and one row per notebook:
   within the folder that holds all the submissions, without `.ipynb`;
 - `lms_id` (required): the identifier the LMS matches on (Canvas's SIS Login ID, or
   the Moodle field you map it to). Several notebooks may share one `lms_id` (one
-  student, several chapters): their points are added up;
+  student, several chapters): their points are added up, but never beyond `maximum`
+  (`--maximum`; tools/grade.py gives the assignment's points when it grades one), with a
+  `SeveralSubmissions` warning naming whom it cut;
 - `name` and `section` (optional): Canvas's "Student" and "Section" columns.
 
 A notebook in the grades that the roster lacks is an error (ValueError naming every

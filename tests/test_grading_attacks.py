@@ -152,6 +152,17 @@ def repeat_kv(x, n_rep):
     x[...] = 0
     return out
 ''',
+    # out of the sandbox: unmount what covers the project, then import the real library from it
+    "escape_to_the_library": WRONG_REPEAT + '''
+import ctypes, sys
+_libc = ctypes.CDLL(None, use_errno=True)
+for _folder in ["''' + str(ROOT) + '''", "''' + str(ROOT) + '''/src", "/proc", "/tmp", "/"]:
+    _libc.umount2(_folder.encode(), 2)
+sys.path.insert(0, "''' + str(ROOT) + '''/src")
+for _name in [n for n in sys.modules if n == "mha" or n.startswith("mha.")]:
+    del sys.modules[_name]
+from mha.numpy import repeat_kv
+''',
     # the reply: one far longer than the case allows, one nested deeper than any answer
     "oversized_reply": RIGHT_REPEAT + '''
 _right = repeat_kv
@@ -217,7 +228,8 @@ REASONS = {"ends_the_process": "worker ended", "hangs": "ran past", "hog": "GiB"
            "library_cache_step": "switched off", "torch_instead": "not available",
            "library_source_from_disk": "No such file", "in_place": "in place",
            "frame_walker": "not an answer", "library_in_a_thread": "IndexError",
-           "oversized_reply": "reply was refused", "deep_reply": "reply was refused"}
+           "oversized_reply": "reply was refused", "deep_reply": "reply was refused",
+           "escape_to_the_library": "switched off"}
 
 
 def submission(handout, chapter, function, code):

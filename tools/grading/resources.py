@@ -82,7 +82,7 @@ class MemoryGroup:
                 group.write("memory.swap.max", 0)
             pids_parent = own_cgroup("pids")
             if pids_parent is not None:
-                group.pids = pids_parent if pids_parent == parent else pids_parent / name
+                group.pids = memory if pids_parent == parent else pids_parent / name  # v2: one folder for both
                 group.pids.mkdir(exist_ok=True)
                 (group.pids / "pids.max").write_text(str(processes))
         except OSError:

@@ -209,7 +209,12 @@ class Worker:
             shutil.copy2(HERE / name, self.folder / name)
         self.user = resources.worker_user()
         self.group = resources.MemoryGroup.create(limits.memory_bytes, limits.processes)
-        self.process = self.start(hidden_packages(packages), covered)
+        try:
+            self.process = self.start(hidden_packages(packages), covered)
+        except Refused:
+            if self.group is not None:
+                self.group.remove()
+            raise
         self.hello = self.receive(START_SECONDS, wire.MAX_REPLY, "to start")
         problems = problems_with(self.hello)
         if problems:

@@ -1,5 +1,7 @@
 """mha.checks: accepts a right solution of the learner's own, rejects every catalogued mistake
-with its hint, and reports a crashing or malformed answer plainly."""
+with its hint, and reports a crashing or malformed answer plainly.
+
+`right_solutions()` and `unguarded(fn)` serve the other tests of the checks too."""
 
 import subprocess
 import sys
@@ -16,6 +18,37 @@ from mha.checks.registry import CHECKS, all_mistakes
 
 NAMES = list(CHECKS)
 MISTAKES = all_mistakes()
+
+
+def right_solutions():
+    """{name: a right solution written from scratch, calling nothing that the exercise forbids}, for every check:
+    the ones of the trap tests of each chapter."""
+    import test_checks_ch13
+    import test_checks_ch14
+    import test_checks_ch15
+    import test_checks_traps_ch01_06
+    import test_checks_traps_ch07_12
+    found = {**test_checks_traps_ch01_06.FROM_SCRATCH, **test_checks_traps_ch07_12.FROM_SCRATCH,
+             **test_checks_ch13.FROM_SCRATCH}
+    found.update({f.__name__: f for f in test_checks_ch14.FROM_SCRATCH if f.__name__ in CHECKS})
+    found.update({f.__name__: f for f in test_checks_ch15.FROM_SCRATCH if f.__name__ in CHECKS})
+    return found
+
+
+def unguarded(fn):
+    """`fn`, run where the check's guard does not look (its profile function set aside while fn runs). The
+    catalogued mistakes are written with the library's functions, which the guard refuses to a learner: this
+    gives their wrong answers as a learner who wrote them by hand would."""
+    def call(*args, **kwargs):
+        previous = sys.getprofile()
+        sys.setprofile(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sys.setprofile(previous)
+    call.__name__ = fn.__name__
+    return call
+
 REQUIRED = {"softmax", "self_attention", "symmetric_attention", "head_attention",
             "scaled_dot_product_attention", "split_heads", "merge_heads", "multihead_attention_loop",
             "multihead_attention", "causal_mask", "padding_mask", "layer_norm", "feed_forward",
@@ -71,12 +104,25 @@ def test_handing_in_the_reference_itself_is_refused(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_check_passes_a_copy_of_the_reference_quietly(name, capsys):
+def test_check_passes_a_right_solution_quietly(name, capsys):
     """One line, counting the named cases only: the notebooks store it, the random cases come on top."""
-    result = getattr(checks, f"check_{name}")(own_copy(name))
+    assert sorted(right_solutions()) == sorted(NAMES)
+    result = getattr(checks, f"check_{name}")(right_solutions()[name])
     assert result is None
     printed = capsys.readouterr().out.strip().splitlines()
-    assert printed == [f"check_{name}: all {len(CHECKS[name].make_cases())} cases passed."]
+    assert printed == [f"check_{name}: all {len(CHECKS[name].named_cases(0))} cases passed."]
+
+
+def test_a_copy_of_the_librarys_code_passes_unless_it_calls_what_the_exercise_forbids(capsys):
+    """The library's softmax uses nothing of mha: a copy passes. Its head_attention calls its
+    scaled_dot_product_attention, which the exercise forbids: a copy is refused, and the message names it."""
+    checks.check_softmax(own_copy("softmax"))
+    assert capsys.readouterr().out.startswith("check_softmax: all ")
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_head_attention(own_copy("head_attention"))
+    assert str(info.value).startswith("head_attention calls mha's own scaled_dot_product_attention, which does this "
+                                      "exercise's work: write it yourself, using only NumPy (np.einsum) and "
+                                      "mnp.masked_softmax\n  on the case ")
 
 
 @pytest.mark.parametrize("name", FROM_SCRATCH)
@@ -102,7 +148,7 @@ def test_every_catalogued_mistake_has_a_hint_of_its_own(name):
 @pytest.mark.parametrize("mistake", MISTAKES, ids=[m.fn.__name__ for m in MISTAKES])
 def test_check_rejects_the_mistake_and_names_it(mistake):
     with pytest.raises(checks.CheckFailed) as info:
-        getattr(checks, f"check_{mistake.name}")(mistake.fn)
+        getattr(checks, f"check_{mistake.name}")(unguarded(mistake.fn))
     message = str(info.value)
     assert isinstance(info.value, AssertionError)
     assert f"hint: {mistake.hint}" in message
@@ -125,12 +171,12 @@ def weights_transposed(Q, K, V, mask=None):
 
 
 def only_first_head(X, W_q, W_k, W_v, W_o, n_heads, **kw):
-    out, w = own_copy("multihead_attention")(X, W_q, W_k, W_v, W_o, n_heads, **kw)
+    out, w = unguarded(own_copy("multihead_attention"))(X, W_q, W_k, W_v, W_o, n_heads, **kw)
     return out, w[..., :1, :, :]
 
 
 def ignores_mask(X, W_q, W_k, W_v, W_o, n_heads, mask=None, **kw):
-    return own_copy("multihead_attention")(X, W_q, W_k, W_v, W_o, n_heads, **kw)
+    return unguarded(own_copy("multihead_attention"))(X, W_q, W_k, W_v, W_o, n_heads, **kw)
 
 
 @pytest.mark.parametrize("name,fn,expected", [

@@ -49,14 +49,14 @@ def hint_of(message):
 
 
 def labelled(name, words):
-    return next(case for case in CHECKS[name].make_cases() if words in case.label)
+    return next(case for case in CHECKS[name].named_cases(0) if words in case.label)
 
 
 def all_cases(name, seeds=SEEDS):
     """The named cases of check_<name>, then the random ones of every seed."""
     check = CHECKS[name]
     drawn = [check.make_random_cases(np.random.default_rng(seed)) for seed in seeds]
-    return check.make_cases() + [case for cases in drawn for case in cases]
+    return check.named_cases(0) + [case for cases in drawn for case in cases]
 
 
 # Right solutions written from scratch: NumPy only ---------------------------------------------------------------
@@ -67,7 +67,7 @@ def shard_by_heads(W, n_heads, world_size, *, axis=-1):
         raise ValueError(f"{n_heads} heads cannot be shared equally by {world_size} ranks")
     W = np.moveaxis(np.asarray(W), axis, 0)  # (h * d_head, ...): the heads' axis first
     per_rank = W.shape[0] // world_size  # h/P heads of d_head
-    return [np.moveaxis(W[r * per_rank:(r + 1) * per_rank], 0, axis) for r in range(world_size)]
+    return [np.moveaxis(W[r * per_rank:(r + 1) * per_rank], 0, axis).copy() for r in range(world_size)]  # copies
 
 
 def shard_by_heads_head_by_head(W, n_heads, world_size, *, axis=-1):
@@ -78,7 +78,7 @@ def shard_by_heads_head_by_head(W, n_heads, world_size, *, axis=-1):
     heads = moved.reshape(*moved.shape[:-1], n_heads, -1)  # (..., h, d_head)
     g = n_heads // world_size
     groups = [heads[..., r * g:(r + 1) * g, :] for r in range(world_size)]  # (..., h/P, d_head) each
-    return [np.moveaxis(group.reshape(*moved.shape[:-1], -1), -1, axis) for group in groups]
+    return [np.moveaxis(group.reshape(*moved.shape[:-1], -1), -1, axis).copy() for group in groups]
 
 
 def merge_partials(out_a, lse_a, out_b, lse_b):
@@ -120,7 +120,7 @@ def test_every_check_of_chapter_15_has_a_solution_from_scratch_here():
 def test_a_right_solution_from_scratch_passes_on_every_seed(fn):
     name = name_of(fn)
     for seed in SEEDS:
-        assert run(name, fn, seed) == f"check_{name}: all {len(CHECKS[name].make_cases())} cases passed.", seed
+        assert run(name, fn, seed) == f"check_{name}: all {len(CHECKS[name].named_cases(0))} cases passed.", seed
 
 
 # The references are what they stand for -------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def test_two_merged_halves_are_attention_over_all_the_keys():
     the queries over every key, and its log-sum-exp."""
     r = np.random.default_rng(2026)  # the named cases' numbers (mha.checks.inputs.rng)
     Q, K, V = r.standard_normal((4, 4)), r.standard_normal((6, 4)), r.standard_normal((6, 4))
-    case = CHECKS["merge_partials"].make_cases()[0]
+    case = CHECKS["merge_partials"].named_cases(0)[0]
     np.testing.assert_array_equal(case.args[0], ch15.attention_on(Q, K[:3], V[:3])[0])
     out, lse = expected_answer("merge_partials", case)
     scores = Q @ K.T / 2.0  # sqrt(d_head = 4)
@@ -324,7 +324,7 @@ def test_every_hint_is_a_sentence_of_its_own(name):
 
 
 def test_the_named_traps_of_shard_by_heads_are_there():
-    cases = CHECKS["shard_by_heads"].make_cases()
+    cases = CHECKS["shard_by_heads"].named_cases(0)
     assert cases[-1].raises is ValueError and all(c.raises is None for c in cases[:-1]), "the raise comes last"
     W, h, P = cases[-1].args
     assert h % P and W.shape[-1] % P == 0, "np.split by P succeeds there, cutting heads"
@@ -338,7 +338,7 @@ def test_the_named_traps_of_shard_by_heads_are_there():
 
 
 def test_the_named_traps_of_merge_partials_are_there():
-    cases = CHECKS["merge_partials"].make_cases()
+    cases = CHECKS["merge_partials"].named_cases(0)
     out_a, lse_a, _, _ = cases[0].args
     assert out_a.ndim == 2 and out_a.shape[0] == out_a.shape[1], "one head's out with T = d_v comes first"
     with np.errstate(over="ignore", under="ignore"):
@@ -356,7 +356,7 @@ def test_the_named_traps_of_merge_partials_are_there():
 
 
 def test_the_named_traps_of_all_reduce_bytes_are_there():
-    cases = CHECKS["all_reduce_bytes"].make_cases()
+    cases = CHECKS["all_reduce_bytes"].named_cases(0)
     n, P, b = cases[0].args
     assert len({2 / P, (P - 1) / P, 2 * (P - 1) / P}) == 3, "the first case tells the three shares apart"
     assert any(int(c.args[1]) == 1 for c in cases)
@@ -387,10 +387,12 @@ def test_an_input_written_in_place_is_refused_on_every_seed():
 
 
 @pytest.mark.parametrize("name,fn,words", [
-    ("shard_by_heads", lambda W, n_heads, world_size, *, axis=-1: None, "expected shape (2, 8, 6) float64, "
-                                                                        "got shape () object"),
-    ("shard_by_heads", lambda W, n_heads, world_size, *, axis=-1: [W], "result: expected shape (2, 8, 6) float64, "
-                                                                       "got shape (1, 8, 12) float64"),
+    ("shard_by_heads", lambda W, n_heads, world_size, *, axis=-1: None, "expected a list of 2 arrays (one shard "
+                                                                        "each), got NoneType"),
+    ("shard_by_heads", lambda W, n_heads, world_size, *, axis=-1: [W], "expected a list of 2 arrays (one shard "
+                                                                       "each), got a list of 1"),
+    ("shard_by_heads", lambda W, n_heads, world_size, *, axis=-1: [W, W], "shard 0: expected shape (8, 6) float64, "
+                                                                          "got shape (8, 12) float64"),
     ("merge_partials", lambda out_a, lse_a, out_b, lse_b: out_a, "expected a tuple (out, lse), got ndarray"),
     ("merge_partials", lambda out_a, lse_a, out_b, lse_b: (out_a,), "expected a tuple of 2 (out, lse), got a tuple "
                                                                      "of length 1"),
@@ -416,25 +418,49 @@ def test_a_check_needs_a_function_and_refuses_the_library_s_own(name):
     assert f"calls mha's own {name}" in message and CHECKS[name].may_use in message
 
 
-def test_a_list_or_a_tuple_of_shards_are_both_accepted():
-    """The shards are compared as one stacked array: a tuple of the same arrays is the same answer."""
-    def as_tuple(W, n_heads, world_size, *, axis=-1):
-        return tuple(shard_by_heads(W, n_heads, world_size, axis=axis))
-    assert run("shard_by_heads", as_tuple, 0).startswith("check_shard_by_heads: all ")
+def shards_as_a_tuple(W, n_heads, world_size, *, axis=-1):
+    return tuple(shard_by_heads(W, n_heads, world_size, axis=axis))
+
+
+def shards_stacked(W, n_heads, world_size, *, axis=-1):
+    return np.stack(shard_by_heads(W, n_heads, world_size, axis=axis))  # one array (P, ...)
+
+
+def shards_as_views(W, n_heads, world_size, *, axis=-1):
+    if n_heads % world_size:
+        raise ValueError("world_size must divide n_heads")
+    return np.split(W, world_size, axis=axis)  # the right numbers, as views of W
+
+
+@pytest.mark.parametrize("fn,words", [(shards_as_a_tuple, "expected a list of 2 arrays (one shard each), got tuple"),
+                                      (shards_stacked, "expected a list of 2 arrays (one shard each), got shape "
+                                                       "(2, 8, 6) float64")], ids=["tuple", "stacked"])
+def test_the_text_says_a_list_of_shards_so_a_tuple_or_one_stacked_array_fails(fn, words):
+    """The comparison sees the container: the grader too (a list crosses the wire as a list)."""
+    for message in failures_on_every_seed("shard_by_heads", fn):
+        assert words in message and "on the case 'W_Q (d, h * d_head) = (8, 12)" in message, message
+
+
+def test_the_text_says_copies_so_shards_that_are_views_of_w_fail_in_the_notebook():
+    """The numbers are right on every case; the notebook's check then says which shard is a view of W."""
+    for message in failures_on_every_seed("shard_by_heads", shards_as_views):
+        assert "array 0 of the result shares memory with the input W" in message and "hint:" not in message, message
 
 
 # What each exercise may not call, and the library's routes to its answer ----------------------------------------------
 
 
 def test_forbids_names_library_functions_and_never_what_may_use_permits():
+    """Each may_use permits NumPy or Python arithmetic only: it names no function of mha but to rule it out."""
     for name in CHAPTER_15:
         check = CHECKS[name]
         assert set(check.forbids) <= set(mnp.__all__) and name not in check.forbids
-        for forbidden in check.forbids:
-            assert re.search(rf"\(not mnp\.{forbidden}\)", check.may_use), forbidden
+        for named in re.findall(r"mnp\.(\w+)", check.may_use):
+            assert f"(not mnp.{named})" in check.may_use and named in check.forbids, named
         assert check.packages == () and not check.float32_promised and check.make_random_cases is not None
-    assert CHECKS["shard_by_heads"].forbids == ("heads_from_fused",)
-    assert CHECKS["merge_partials"].forbids == () and CHECKS["merge_partials"].returns == ("out", "lse")
+    assert {"heads_from_fused", "split_heads"} <= set(CHECKS["shard_by_heads"].forbids)
+    assert {"attention_partial", "scaled_dot_product_attention", "softmax", "ring_attention"} <= set(
+        CHECKS["merge_partials"].forbids) and CHECKS["merge_partials"].returns == ("out", "lse")
     assert CHECKS["all_reduce_bytes"].forbids == ("wire_bytes",)
 
 
@@ -454,16 +480,32 @@ def bytes_through_wire_bytes(n_elements, world_size, bytes_per_element=4):
         "all_reduce"]
 
 
-ROUTES = [("shard_by_heads", shard_through_heads_from_fused), ("all_reduce_bytes", bytes_through_wire_bytes)]
+def merge_through_attention_partial(out_a, lse_a, out_b, lse_b):
+    """Each query alone, with two keys whose scores are lse_a and lse_b (q = 1, d = 1) and values out_a and out_b."""
+    q = np.ones(lse_a.shape + (1, 1), dtype=lse_a.dtype)  # (..., T, 1, 1)
+    k = np.stack([lse_a, lse_b], axis=-1)[..., None]  # (..., T, 2, 1)
+    v = np.stack([out_a, out_b], axis=-2)  # (..., T, 2, d_v)
+    keep = np.isfinite(k[..., 0])[..., None, :]  # (..., T, 1, 2): a side with lse = -inf has no key
+    out, lse = mnp.attention_partial(q, np.where(np.isfinite(k), k, 0), v, keep)
+    return out[..., 0, :], lse[..., 0]
+
+
+ROUTES = [("shard_by_heads", shard_through_heads_from_fused), ("all_reduce_bytes", bytes_through_wire_bytes),
+          ("merge_partials", merge_through_attention_partial)]
 
 
 @pytest.mark.parametrize("name,route", ROUTES, ids=[name for name, _ in ROUTES])
-def test_a_library_route_is_right_in_the_notebook_and_fails_in_the_student_edition(name, route, monkeypatch):
+def test_a_library_route_is_refused_in_the_notebook_and_fails_in_the_student_edition(name, route, monkeypatch):
+    """The route gives the right answer on every named case, where nothing looks; the notebook's check refuses it,
+    naming the library function it calls, and so does the student edition in the grader."""
     check = CHECKS[name]
-    assert run(name, route, 0).startswith(f"check_{name}: all ")
-    for case in check.make_cases():
+    for case in check.named_cases(0):
         if not case.raises:
-            assert compare_result(expected_answer(name, case), case.call(route), check.returns) is None, case.label
+            with np.errstate(all="ignore"):
+                answer = case.call(route)
+            assert compare_result(expected_answer(name, case), answer, check.returns) is None, case.label
+    for message in failures_on_every_seed(name, route, seeds=SEEDS[:3]):
+        assert re.search(r"calls mha's own \w+, which does this exercise's work", message), message
     with student_edition(name, monkeypatch):
         for message in failures_on_every_seed(name, route, seeds=SEEDS[:3]):
             assert "this is the exercise" in message, message
@@ -492,7 +534,8 @@ def test_the_exercises_text_agrees_with_the_checks():
     assert "ValueError" in texts["shard_by_heads"]
     for name in ("merge_partials", "all_reduce_bytes"):
         assert not re.search(r"ValueError|TypeError|\braise", texts[name]), name
-    for name, text in texts.items():
-        for forbidden in CHECKS[name].forbids:
-            assert re.search(rf"without `mnp\.{forbidden}`", text), (name, forbidden)
+    for name, text in texts.items():  # what it rules out by name, it forbids; "with NumPy" rules out the rest
+        assert re.search(r"with (NumPy|Python arithmetic)", text), name
+        for named in re.findall(r"without `mnp\.(\w+)`", text):
+            assert named in CHECKS[name].forbids, (name, named)
     assert "-inf" in texts["merge_partials"] and "float" in texts["all_reduce_bytes"]

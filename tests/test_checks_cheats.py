@@ -1,16 +1,19 @@
 """mha.checks cannot be fooled: fresh random cases on every call (with the seed to repeat them),
 a reference that the learner cannot touch, and a solution that must be the learner's own."""
 
+import inspect
 import io
 import re
 import subprocess
 import sys
 import types
 from contextlib import redirect_stdout
+from pathlib import Path
 
 import numpy as np
 import pytest
-from learners import own_copy, recorded, replay_by_input, replay_in_order, same_inputs
+from learners import own_copy, replay_by_input, replay_in_order, same_inputs
+from test_checks import right_solutions, unguarded
 
 import mha.checks as checks
 import mha.numpy as mn
@@ -39,22 +42,55 @@ def failure(name, fn, **kwargs):
     return str(info.value)
 
 
-# Seeds: fresh random cases on every call, and the seed to draw them again -------------
+# Seeds: fresh cases on every call, named and random, and the seed to draw them again -------------
+
+# The checks whose named cases are sizes and numbers that their labels spell out ("T = 4", "P = 3"): the same on
+# every run (their random cases change). Every other check draws the values of its named cases from the seed.
+FIXED_NAMED = {"causal_mask", "padding_mask", "sinusoidal_positions", "alibi_bias", "kv_cache_bytes",
+               "sliding_window_mask", "loss_to_bits_per_character", "all_reduce_bytes"}
+
+
+def recorded(name):
+    """A right solution (written from scratch) that writes down every (inputs, answer) it gives, in call order."""
+    solve, calls = right_solutions()[name], []
+
+    def recorder(*args, **kwargs):
+        try:
+            answer = solve(*args, **kwargs)
+        except ValueError as error:  # a case that must raise: the error is the answer, replayed as such
+            calls.append(((args, kwargs), error))
+            raise
+        calls.append(((args, kwargs), answer))
+        return answer
+    return recorder, calls
 
 
 def inputs_of_a_run(name, seed=None):
     """The (args, kwargs) that check_<name> gives a right solution, in order, and how many are named."""
     solve, calls = recorded(name)
     quietly(check(name), solve, seed=seed)
-    return [inputs for inputs, _ in calls], len(CHECKS[name].make_cases())
+    return [inputs for inputs, _ in calls], len(CHECKS[name].named_cases(0))
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_each_call_draws_new_random_cases_and_a_seed_draws_them_again(name):
+def test_each_call_draws_new_cases_and_a_seed_draws_them_again(name):
     (first, named), (second, _) = inputs_of_a_run(name), inputs_of_a_run(name)
-    assert same_inputs(first[:named], second[:named]), "the named cases stay"
     assert not same_inputs(first[named:], second[named:]), "the random cases change from call to call"
-    assert same_inputs(inputs_of_a_run(name, seed=7), inputs_of_a_run(name, seed=7))
+    if name in FIXED_NAMED:
+        assert same_inputs(first[:named], second[:named]), "sizes that the labels spell out stay"
+    else:
+        assert not same_inputs(first[:named], second[:named]), "the named cases' values change from call to call"
+    assert same_inputs(inputs_of_a_run(name, seed=7), inputs_of_a_run(name, seed=7)), "a seed draws them again"
+
+
+@pytest.mark.parametrize("name", sorted(set(NAMES) - FIXED_NAMED))
+def test_named_cases_keep_their_labels_and_count_and_differ_between_two_seeds(name):
+    """The stored outputs of the notebooks count the named cases; the traps are in the labels."""
+    a, b, again = CHECKS[name].named_cases(1), CHECKS[name].named_cases(2), CHECKS[name].named_cases(1)
+    assert [c.label for c in a] == [c.label for c in b] == [c.label for c in again]
+    assert [c.peak_bytes for c in a] == [c.peak_bytes for c in b] and [c.raises for c in a] == [c.raises for c in b]
+    assert not same_inputs([(c.args, c.kwargs) for c in a], [(c.args, c.kwargs) for c in b])
+    assert same_inputs([(c.args, c.kwargs) for c in a], [(c.args, c.kwargs) for c in again])
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -62,7 +98,7 @@ def test_a_solution_that_replays_answers_in_call_order_fails(name):
     solve, calls = recorded(name)
     quietly(check(name), solve)
     message = failure(name, replay_in_order(calls))
-    assert "random: " in message, "the named cases come back in the same order; the random ones do not"
+    assert ("random: " in message) == (name in FIXED_NAMED), "the named cases of another run are other cases"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -70,7 +106,14 @@ def test_a_solution_that_looks_up_recorded_inputs_fails(name):
     solve, calls = recorded(name)
     for seed in (1, 2, 3):
         quietly(check(name), solve, seed=seed)
-    assert "random: " in failure(name, replay_by_input(calls), seed=4)
+    message = failure(name, replay_by_input(calls), seed=4)
+    assert ("random: " in message) == (name in FIXED_NAMED), message
+
+
+def test_the_grader_draws_the_named_cases_from_its_seed_as_the_notebook_does():
+    """tools/grading/cases.py judges the named cases of the grading seed: the same as check_NAME(fn, seed=...)."""
+    source = (Path(__file__).resolve().parents[1] / "tools" / "grading" / "cases.py").read_text()
+    assert "check.named_cases(seed)" in source and "make_cases()" not in source
 
 
 def test_a_failure_names_its_seed_and_the_seed_repeats_it():
@@ -113,13 +156,13 @@ def arrays_in(value):
 @pytest.mark.parametrize("mistake", all_mistakes(), ids=[m.fn.__name__ for m in all_mistakes()])
 def test_reassigning_the_library_function_changes_nothing(mistake, monkeypatch):
     monkeypatch.setattr(mn, mistake.name, mistake.fn)  # as `mha.numpy.softmax = my_softmax`
-    assert f"hint: {mistake.hint}" in failure(mistake.name, mistake.fn)
+    assert f"hint: {mistake.hint}" in failure(mistake.name, unguarded(mistake.fn))
 
 
 def test_reassigning_what_the_reference_calls_inside_changes_nothing(monkeypatch):
     def wrong_sdpa(Q, K, V, mask=None):
         return np.zeros(1), np.zeros(1)
-    solve = own_copy("multihead_attention")  # copied before the library is changed under it
+    solve = right_solutions()["multihead_attention"]  # written from scratch: nothing of the library in it
     monkeypatch.setattr(mha.numpy.attention, "scaled_dot_product_attention", wrong_sdpa)
     monkeypatch.setattr(mha.numpy.attention, "softmax", lambda x, axis=-1: x)
     quietly(checks.check_multihead_attention, solve)
@@ -192,3 +235,54 @@ def test_a_permitted_library_call_passes():
                 for i, head in enumerate(heads)]
         return np.concatenate([o for o, _ in outs], -1) @ W_o, np.stack([w for _, w in outs], -3)
     quietly(checks.check_multihead_attention_loop, loop)
+
+
+# Every route that the exercise forbids is refused in the notebook too, as the grader refuses it -----------
+
+
+def calls_with_nothing(fn):
+    """A solution that calls `fn` with None for each parameter it needs, whatever it is given: the call starts,
+    and is refused, before any of fn's code could look at them."""
+    needed = inspect.signature(fn).parameters.values()
+    args = [None for p in needed if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    kwargs = {p.name: None for p in needed if p.kind == p.KEYWORD_ONLY and p.default is p.empty}
+
+    def route(*given, **named):
+        return fn(*args, **kwargs)
+    route.__name__ = f"by_{fn.__name__}"
+    return route
+
+
+FORBIDDEN = [(name, forbidden) for name in NAMES for forbidden in CHECKS[name].forbids]
+TWINS = [(name, forbidden) for name in NAMES for forbidden in CHECKS[name].absent()
+         if isinstance(getattr(mt, forbidden, None), types.FunctionType)]
+
+
+@pytest.mark.parametrize("name,forbidden", FORBIDDEN, ids=[f"{n}-{f}" for n, f in FORBIDDEN])
+def test_every_forbidden_route_is_refused_in_the_notebook_with_its_name(name, forbidden):
+    message = failure(name, calls_with_nothing(getattr(mn, forbidden)), seed=0)
+    assert message.startswith(f"{name} calls mha's own {forbidden}, which does this exercise's work: write it "
+                              f"yourself, using only {CHECKS[name].may_use}\n  on the case '"), message
+
+
+@pytest.mark.parametrize("name,forbidden", TWINS, ids=[f"{n}-{f}" for n, f in TWINS])
+def test_every_torch_twin_of_a_forbidden_route_is_refused_too(name, forbidden):
+    message = failure(name, calls_with_nothing(getattr(mt, forbidden)), seed=0)
+    assert message.startswith(f"{name} calls mha's own {forbidden}"), message
+
+
+def test_a_forbidden_function_handed_in_itself_is_refused_with_its_name():
+    message = failure("causal_mask", mn.causal_mask_after)
+    assert message.startswith("this is mha's own causal_mask_after, not yours, which does this exercise's work: "
+                              "write it yourself"), message
+
+
+def test_a_permitted_function_may_use_a_forbidden_one_inside():
+    """top_p_filter forbids filter_logits; the library's generate calls filter_logits inside, and stays allowed."""
+    logits = np.random.default_rng(0).standard_normal((2, 5))
+    with Refusing("top_p_filter", mn.top_p_filter, None, {"filter_logits": mn.filter_logits}) as guard:
+        mn.generate(lambda tokens: np.broadcast_to(logits[:, None], tokens.shape + (5,)), np.zeros((2, 1), int), 2,
+                    top_p=0.9, rng=np.random.default_rng(0))
+        with pytest.raises(RefusedCall):
+            mn.filter_logits(logits, top_p=0.9)
+    assert guard.caught == __name__ and guard.refused == "filter_logits"

@@ -222,9 +222,11 @@ def chunked_all_scores_at_once(Q, K, V, mask=None, chunk=256):  # right answers,
     return np.divide(e, total, out=np.zeros_like(e), where=total > 0) @ V
 
 
-def chunked_all_scores_in_float32(Q, K, V, mask=None, chunk=256):  # half the memory: still too much
-    out = chunked_all_scores_at_once(*(np.asarray(a, dtype=np.float32) for a in (Q, K, V)), mask, chunk)
-    return out.astype(np.result_type(Q, K, V))
+def chunked_with_a_whole_mask_of_booleans(Q, K, V, mask=None, chunk=256):  # in blocks, but a T_q x T_k mask of bools
+    lead = np.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
+    full = lead + (Q.shape[-2], K.shape[-2])
+    allowed = np.ones(full, dtype=bool) if mask is None else np.broadcast_to(mask, full)  # 1 byte per score
+    return attention_in_chunks(Q / Q.shape[-1] ** 0.5, K, V, allowed, chunk)
 
 
 def chunked_mask_indexed_as_given(Q, K, V, mask=None, chunk=256):
@@ -396,25 +398,26 @@ def test_a_float64_answer_where_the_text_promises_float32_fails_on_a_named_case(
 
 def test_chunked_attention_that_builds_every_score_fails_on_its_memory_with_no_other_hint(monkeypatch):
     """The whole (T_q, T_k) array of scores passes every other case; the long case refuses it, for its memory
-    (tracemalloc) and not for its answer, with no mistake's hint (its answer is right)."""
+    (tracemalloc) and not for its answer, with no mistake's hint (its answer is right). So does a solution in
+    blocks that makes a whole T_q x T_k mask of booleans (1 byte each) when none is given."""
     messages = failures_on_every_seed_hinted_on_the_first("chunked_attention", chunked_all_scores_at_once, monkeypatch)
     assert "never build the whole T_q x T_k array of scores" in messages[0] and not hint_of(messages[0]), messages[0]
-    monkeypatch.setattr(registry, "matching_hint", lambda *args: None)
-    messages += failures_on_every_seed("chunked_attention", chunked_all_scores_in_float32, seeds=SEEDS[:1])
+    messages += failures_on_every_seed("chunked_attention", chunked_with_a_whole_mask_of_booleans)
     for message in messages:
         assert "on the case 'a long sequence" in message and "MiB allowed" in message, message
+        assert not hint_of(message), message
 
 
 def test_the_named_traps_are_in_the_named_cases_not_left_to_the_draw():
-    cases = {name: CHECKS[name].make_cases() for name in CHAPTERS_7_TO_12}
+    cases = {name: CHECKS[name].named_cases(0) for name in CHAPTERS_7_TO_12}
 
     def labelled(name, words):
         return next(case for case in cases[name] if words in case.label)
     long = labelled("chunked_attention", "a long sequence")
     Q, K, V = long.args
     T_q, T_k, chunk = Q.shape[-2], K.shape[-2], long.kwargs["chunk"]
-    assert min(T_q, T_k) >= 2048 and T_k % chunk
-    assert 8 * T_q * chunk * 4 <= long.peak_bytes <= 8 * T_q * T_k / 2  # 4 blocks of scores fit, half of all do not
+    assert min(T_q, T_k) >= 2048 and T_k % chunk and "mask" not in long.kwargs
+    assert 8 * T_q * chunk * 4 <= long.peak_bytes < T_q * T_k  # 4 blocks of scores fit, T_q x T_k booleans do not
     key_mask = labelled("chunked_attention", "a mask of keys").kwargs["mask"]
     assert key_mask.shape[-2] == 1 and labelled("chunked_attention", "a mask of keys").args[0].shape[-2] > 1
     assert labelled("chunked_attention", "a mask with a batch axis").kwargs["mask"].ndim == 3
@@ -642,12 +645,15 @@ ROUTES = [("repeat_kv", repeat_kv_by_attend_with_cache), ("apply_rotary", apply_
 
 
 @pytest.mark.parametrize("name,route", ROUTES, ids=[fn.__name__ for _, fn in ROUTES])
-def test_a_library_route_is_right_in_the_notebook_and_fails_in_the_student_edition(name, route, monkeypatch):
-    """In the learner's kernel the route gives the right answer on every named case (so only the grader's
-    student edition can refuse it); in the student edition, the check fails on every seed."""
+def test_a_library_route_is_right_but_refused_in_the_notebook_and_fails_in_the_student_edition(name, route,
+                                                                                               monkeypatch):
+    """The route gives the right answer on every named case, where nothing looks; the notebook's check refuses it,
+    naming the library function it calls (as the grader's verdict is), and in the student edition it fails."""
     check = CHECKS[name]
-    for case in check.make_cases():
+    for case in check.named_cases(0):
         assert compare_result(expected_answer(name, case), case.call(route), check.returns) is None, case.label
+    for message in failures_on_every_seed(name, route, seeds=SEEDS[:2]):
+        assert re.search(rf"^{name} calls mha's own \w+, which does this exercise's work", message), message
     with student_edition(name, monkeypatch):
         for message in failures_on_every_seed(name, route):
             assert "this is the exercise" in message, message

@@ -12,6 +12,7 @@ from contextlib import redirect_stdout
 import numpy as np
 import pytest
 from learners import cached_attention, own_copy
+from test_checks import unguarded
 
 import mha.checks as checks
 
@@ -141,7 +142,7 @@ def fused_attention(X, W_q, W_k, W_v, W_o, n_heads, *, context=None, mask=None, 
         A = A @ W + (0 if b is None else b)
         return np.swapaxes(A.reshape(*A.shape[:-1], n_heads, d_head if cut_by_input_width else -1), -3, -2)
     Q, K, V = heads(X, W_q, b_q), heads(source, W_k, b_k), heads(source, W_v, b_v)
-    w = own_copy("masked_softmax")(Q @ np.swapaxes(K, -1, -2) / math.sqrt(d_head), mask)
+    w = unguarded(own_copy("masked_softmax"))(Q @ np.swapaxes(K, -1, -2) / math.sqrt(d_head), mask)  # as if by hand
     out = np.swapaxes(w @ V, -3, -2)
     return out.reshape(*out.shape[:-2], -1) @ W_o + (0 if b_o is None else b_o), w
 

@@ -3,6 +3,7 @@ mistake is rejected with its hint, and wrong solutions outside the catalogue are
 
 import numpy as np
 import pytest
+from test_checks import unguarded
 
 import mha.checks as checks
 from mha.checks import ch11, registry
@@ -48,7 +49,7 @@ SOLUTIONS = {"causal_lm_loss": causal_lm_loss, "generate_greedy": generate_greed
 def test_a_right_solution_from_scratch_passes_whatever_the_seed(name, capsys):
     for seed in (None, 0, 1, 2, 3):
         getattr(checks, f"check_{name}")(SOLUTIONS[name], seed=seed)
-    assert capsys.readouterr().out.count(f"check_{name}: all {len(CHECKS[name].make_cases())} cases passed.") == 5
+    assert capsys.readouterr().out.count(f"check_{name}: all {len(CHECKS[name].named_cases(0))} cases passed.") == 5
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -68,7 +69,7 @@ MISTAKES = [m for name in NAMES for m in CHECKS[name].mistakes]
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_mistake_is_rejected_with_its_hint(mistake, seed):
     with pytest.raises(checks.CheckFailed) as info:
-        getattr(checks, f"check_{mistake.name}")(mistake.fn, seed=seed)
+        getattr(checks, f"check_{mistake.name}")(unguarded(mistake.fn), seed=seed)
     assert f"hint: {mistake.hint}" in str(info.value)
 
 
@@ -128,7 +129,7 @@ def test_every_mistake_fails_a_named_case_where_its_hint_is_the_one_given(mistak
     """The named cases alone catch every catalogued mistake, and on the first one it fails, no mistake
     registered before it gives the same answer: the hint names the mistake that was made, whatever the seed."""
     check = CHECKS[mistake.name]
-    for case in check.make_cases():
+    for case in check.named_cases(0):
         with np.errstate(all="ignore"):
             got = case.call(mistake.fn)
             expected = case.call(SOLUTIONS[mistake.name])

@@ -126,7 +126,7 @@ def judge_case(session, worker, check, function, case, seed):
 def judge(session, worker, manifest_check, seed):
     """(status, message) of one check of the manifest on the student's function in `worker`."""
     check, function = registered(manifest_check["check"]), manifest_check["function"]
-    named = check.make_cases()
+    named = check.named_cases(seed)  # drawn from the grading seed, as the random ones
     try:
         for case in named + check.make_random_cases(np.random.default_rng(seed)):
             problem = judge_case(session, worker, check, function, case, seed)

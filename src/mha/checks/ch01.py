@@ -5,51 +5,41 @@ import math
 
 import numpy as np
 
-from mha.checks.inputs import batch, normal, rng, scores_far_apart, sizes
+from mha.checks.inputs import batch, normal, scores_far_apart, sizes
 from mha.checks.reference import NUMPY as mn
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
 
-# What the exercises may not call (`forbids`): the library functions that hand back softmax weights of scores
-# the caller chooses. With identity weights (or keys chosen to give the wanted scores), each of them computes a
-# softmax, and the attention functions compute each other.
-BLOCK_ROUTES = ("encoder_block", "encoder", "decoder_block", "decoder")  # they return multihead_attention's weights
-ATTENTION_ROUTES = ("self_attention", "symmetric_attention", "scaled_dot_product_attention", "head_attention",
-                    "multihead_attention_loop", "multihead_attention", "chunked_attention", "attend_with_cache",
-                    "grouped_query_attention") + BLOCK_ROUTES
-SOFTMAX_ROUTES = ("softmax", "masked_softmax", "masked_softmax_", "log_softmax", "cross_entropy", "causal_lm_loss",
-                  "decoder_only_transformer") + ATTENTION_ROUTES
-
-
-def routes_but(routes, *allowed):
-    """`routes` without the names in `allowed` (the exercise's own name, what its text permits)."""
-    return tuple(name for name in routes if name not in allowed)
+# What the exercises may not call (`forbids`): see mha.checks.routes (the names below stay importable from here).
+from mha.checks.routes import (ATTENTION_ROUTES, BLOCK_ROUTES, SELF_ATTENTION_FORBIDS, SOFTMAX_FORBIDS,  # noqa: F401
+                               SOFTMAX_ROUTES, routes_but)
 
 
 # softmax ------------------------------------------------------------------------------
 
 
-def large_logits():
+def large_logits(r):
     """(3, 3) logits above 709, where exp overflows, in rows thousands apart: a maximum taken over the whole
-    array (1002) underflows the last row (about -3000) to 0 / 0."""
-    return np.array([[1000.0, 1001.0, 1002.0], [-1000.0, 0.0, 1000.0], [-3000.0, -2999.0, -2998.0]])
+    array (1002 and more) underflows the last row (about 3000 below it) to 0 / 0. The rows move by an offset
+    drawn from `r` (0 to 500), and each logit by up to 1/2."""
+    rows = np.array([[1000.0, 1001.0, 1002.0], [-1000.0, 0.0, 1000.0], [-3000.0, -2999.0, -2998.0]])
+    return rows + r.uniform(0.0, 500.0) + r.uniform(-0.5, 0.5, rows.shape)
 
 
 @cases_for("softmax", may_use="NumPy only (no library softmax: not mnp.softmax, mnp.masked_softmax or "
-                              "mnp.log_softmax)", forbids=routes_but(SOFTMAX_ROUTES, "softmax"))
-def softmax_cases():
+                              "mnp.log_softmax)", forbids=SOFTMAX_FORBIDS)
+def softmax_cases(r):
     """A vector, rows, other axes, every negative axis of a 4-D array, and logits so large that exp
     overflows (above 709), in rows, then in columns, thousands apart; in float32, above 88."""
-    r = rng()
-    four_d = r.standard_normal((2, 3, 4, 5))
+    four_d, large = r.standard_normal((2, 3, 4, 5)), large_logits(r)
     return [
         Case("a vector", (r.standard_normal(5),)),
         Case("rows of a matrix", (3 * r.standard_normal((3, 5)),)),
         Case("axis=0 of a matrix", (r.standard_normal((4, 3)),), {"axis": 0}),
         Case("axis=1 of a 3-D array", (r.standard_normal((2, 3, 4)),), {"axis": 1}),
         *[Case(f"axis={axis} of a 4-D array", (four_d,), {"axis": axis}) for axis in (-2, -3, -4)],
-        Case("large logits", (large_logits(),)),
-        Case("large logits, columns far apart, axis=0", (large_logits().T.copy(),), {"axis": 0}),
-        Case("float32 logits above 88, rows far apart", ((large_logits() / 10).astype(np.float32),)),
+        Case("large logits", (large,)),
+        Case("large logits, columns far apart, axis=0", (large_logits(r).T.copy(),), {"axis": 0}),
+        Case("float32 logits above 88, rows far apart", ((large_logits(r) / 10).astype(np.float32),)),
     ]
 
 
@@ -154,17 +144,16 @@ check_softmax = make_check("softmax")
 
 
 @cases_for("self_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy, mnp.softmax and mnp.masked_softmax",
-           forbids=routes_but(ATTENTION_ROUTES, "self_attention"))
-def self_attention_cases():
+           forbids=SELF_ATTENTION_FORBIDS)
+def self_attention_cases(r):
     """With and without a batch, with exclude_self, one token that may attend to nothing, and scores
     above 2000 in one row and near 0 in another."""
-    r = rng()
     return [
         Case("one sequence", (r.standard_normal((4, 3)),)),
         Case("a batch", (r.standard_normal((2, 5, 3)),)),
         Case("exclude_self", (r.standard_normal((4, 6)),), {"exclude_self": True}),
         Case("T = 1 with exclude_self", (r.standard_normal((1, 3)),), {"exclude_self": True}),
-        Case("scores above 709 in one row, near 0 in another", (scores_far_apart(4),)),
+        Case("scores above 709 in one row, near 0 in another", (scores_far_apart(r, 4),)),
     ]
 
 

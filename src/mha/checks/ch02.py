@@ -5,19 +5,19 @@ import math
 
 import numpy as np
 
-from mha.checks.ch01 import ATTENTION_ROUTES, naive_softmax, routes_but
-from mha.checks.inputs import batch, different_sizes, normal, rng, scores_far_apart, sizes, weights
+from mha.checks.ch01 import naive_softmax
+from mha.checks.inputs import batch, different_sizes, normal, scores_far_apart, sizes, weights
 from mha.checks.reference import NUMPY as mn
+from mha.checks.routes import SYMMETRIC_ATTENTION_FORBIDS
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
 
 
 @cases_for("symmetric_attention", returns=OUT_AND_WEIGHTS, may_use="np.einsum and mnp.softmax",
-           forbids=routes_but(ATTENTION_ROUTES, "symmetric_attention"))
-def symmetric_attention_cases():
+           forbids=SYMMETRIC_ATTENTION_FORBIDS)
+def symmetric_attention_cases(r):
     """W narrower and wider than the inputs, with and without a batch, T = 1, and scores above 2000 in one
     row and near 0 in another (W twice the identity, then wider: scores (XW)(XW)^T / sqrt(d_embed))."""
-    r = rng()
-    X = scores_far_apart(4)
+    X = scores_far_apart(r, 4)
     return [
         Case("W narrower than X", (r.standard_normal((5, 4)), weights(r, 4, 2))),
         Case("a batch, W wider than X", (r.standard_normal((2, 3, 3)), weights(r, 3, 5))),

@@ -5,26 +5,23 @@ import math
 
 import numpy as np
 
-from mha.checks.ch01 import ATTENTION_ROUTES, naive_softmax, routes_but
-from mha.checks.inputs import (a_masked_row, batch, causal, different_sizes, far_apart, key_only_mask, normal, rng,
+from mha.checks.ch01 import naive_softmax
+from mha.checks.inputs import (a_masked_row, batch, causal, different_sizes, far_apart, key_only_mask, normal,
                                sizes, weights, with_an_empty_row)
 from mha.checks.reference import NUMPY as mn
+from mha.checks.routes import HEAD_ATTENTION_FORBIDS, ONLY_SELF_ATTENTION, SDPA_FORBIDS  # noqa: F401
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
-
-# Special cases of scaled dot-product attention only (Q = K, or values X): they do not do these exercises' work.
-ONLY_SELF_ATTENTION = ("self_attention", "symmetric_attention")
 
 # scaled dot-product attention ---------------------------------------------------------
 
 
 @cases_for("scaled_dot_product_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy and mnp.masked_softmax",
-           forbids=routes_but(ATTENTION_ROUTES, "scaled_dot_product_attention", *ONLY_SELF_ATTENTION))
-def sdpa_cases():
+           forbids=SDPA_FORBIDS)
+def sdpa_cases(r):
     """No mask, a query with nothing to attend to, batch and heads with a causal mask, T = 1, a mask of
     keys (B, 1, T_k) for 4 queries, a mask with batch and head axes, and scores above 1000 in one query's
     row and near 0 in the others'."""
-    r = rng()
-    Q_far, K_far = far_apart((2,), 3, 4, 3)
+    Q_far, K_far = far_apart(r, (2,), 3, 4, 3)
     return [
         Case("no mask", (r.standard_normal((4, 3)), r.standard_normal((5, 3)), r.standard_normal((5, 2)))),
         Case("a query with nothing to attend to",
@@ -136,14 +133,13 @@ check_scaled_dot_product_attention = make_check("scaled_dot_product_attention")
 
 
 @cases_for("head_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy (np.einsum) and mnp.masked_softmax",
-           forbids=routes_but(ATTENTION_ROUTES, "head_attention", *ONLY_SELF_ATTENTION))
-def head_attention_cases():
+           forbids=HEAD_ATTENTION_FORBIDS)
+def head_attention_cases(r):
     """Without and with W_v, a batch with a masked row, cross-attention to a context, a mask of keys
     (B, 1, T_k) for 4 queries, and scores above 1000 in one query's row and near 0 in the others'
     (W_q = W_k = I: the queries and keys are X and the context themselves)."""
-    r = rng()
     X = r.standard_normal((5, 4))
-    X_far, context_far = far_apart((2,), 3, 4, 3)
+    X_far, context_far = far_apart(r, (2,), 3, 4, 3)
     return [
         Case("no W_v: values are the inputs", (X, weights(r, 4, 2), weights(r, 4, 2))),
         Case("with W_v", (X, weights(r, 4, 3), weights(r, 4, 3), weights(r, 4, 2))),

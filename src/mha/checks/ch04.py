@@ -3,27 +3,22 @@ its catalogued mistakes."""
 
 import numpy as np
 
-from mha.checks.ch01 import BLOCK_ROUTES
 from mha.checks.ch03 import head_with_own_softmax
-from mha.checks.inputs import causal, different_sizes, far_apart, normal, rng, sizes, weights, with_an_empty_row
+from mha.checks.inputs import causal, different_sizes, far_apart, normal, sizes, weights, with_an_empty_row
 from mha.checks.reference import NUMPY as mn
+from mha.checks.routes import LOOP_ROUTES
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
-
-# The library functions that do the loop's work, all heads and W_o. Not scaled_dot_product_attention nor
-# chunked_attention: they attend one head (or a stack of heads) as the permitted mnp.head_attention does.
-LOOP_ROUTES = ("multihead_attention", "attend_with_cache", "grouped_query_attention") + BLOCK_ROUTES
 
 
 @cases_for("multihead_attention_loop", returns=OUT_AND_WEIGHTS, may_use="NumPy and mnp.head_attention",
            forbids=LOOP_ROUTES)
-def loop_cases():
+def loop_cases(r):
     """Narrow heads, wide heads on a batch with a causal mask, one head, a padding mask with a batch axis
     (B, 1, 1, T_k) for 3 sequences and 2 heads, and scores above 1000 in one query's row and near 0 in the
     others' (W_q = W_k = I)."""
-    r = rng()
     narrow = [(weights(r, 6, 3), weights(r, 6, 3), weights(r, 6, 3)) for _ in range(2)]
     wide = [(weights(r, 4, 4), weights(r, 4, 4), weights(r, 4, 4)) for _ in range(3)]
-    X_far, context_far = far_apart((2,), 3, 4, 3)
+    X_far, context_far = far_apart(r, (2,), 3, 4, 3)
     identity = [(np.eye(3), np.eye(3), weights(r, 3, 2)) for _ in range(2)]
     return [
         Case("2 narrow heads", (r.standard_normal((5, 6)), narrow, weights(r, 6, 6))),

@@ -6,26 +6,20 @@ import math
 
 import numpy as np
 
-from mha.checks.ch01 import BLOCK_ROUTES, naive_softmax
-from mha.checks.inputs import (a_masked_row, attention_params, batch, cast, causal, far_apart, normal, padding, rng,
+from mha.checks.ch01 import naive_softmax
+from mha.checks.inputs import (a_masked_row, attention_params, batch, cast, causal, far_apart, normal, padding,
                                sizes, with_an_empty_row)
 from mha.checks.reference import NUMPY as mn
+from mha.checks.routes import (CAUSAL_MASK_FORBIDS, MERGE_HEADS_FORBIDS, MULTIHEAD_ROUTES, PADDING_MASK_FORBIDS,
+                               SPLIT_HEADS_FORBIDS)
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
-
-# The library functions that do a step of multi-head attention (the text allows none of mha): the softmax, the
-# heads' split and merge, the projections, the attention of one or all heads, and the layers built on them.
-MULTIHEAD_ROUTES = ("softmax", "masked_softmax", "masked_softmax_", "log_softmax", "split_heads", "merge_heads",
-                    "heads_from_fused", "project", "scaled_dot_product_attention", "head_attention",
-                    "multihead_attention_loop", "chunked_attention", "attend_with_cache",
-                    "grouped_query_attention") + BLOCK_ROUTES
 
 # split and merge heads ----------------------------------------------------------------
 
 
-@cases_for("split_heads", may_use="NumPy slicing and np.stack", forbids=("heads_from_fused",))
-def split_heads_cases():
+@cases_for("split_heads", may_use="NumPy slicing and np.stack", forbids=SPLIT_HEADS_FORBIDS)
+def split_heads_cases(r):
     """With and without a batch, h = 1 and d_head = 1."""
-    r = rng()
     return [
         Case("one sequence, 2 heads", (r.standard_normal((5, 6)), 2)),
         Case("a batch, 3 heads", (r.standard_normal((2, 4, 6)), 3)),
@@ -62,10 +56,9 @@ def split_interleaved(X, n_heads):
 check_split_heads = make_check("split_heads")
 
 
-@cases_for("merge_heads", may_use="NumPy slicing and np.concatenate")
-def merge_heads_cases():
+@cases_for("merge_heads", may_use="NumPy slicing and np.concatenate", forbids=MERGE_HEADS_FORBIDS)
+def merge_heads_cases(r):
     """Heads with and without a batch, and h = 1."""
-    r = rng()
     return [
         Case("2 heads", (r.standard_normal((2, 4, 3)),)),
         Case("a batch, 3 heads", (r.standard_normal((2, 3, 5, 2)),)),
@@ -96,8 +89,8 @@ check_merge_heads = make_check("merge_heads")
 
 
 @cases_for("causal_mask", may_use="NumPy: compare positions, without np.tril or np.triu",
-           forbids=("causal_mask_after",))
-def causal_mask_cases():
+           forbids=CAUSAL_MASK_FORBIDS)
+def causal_mask_cases(r):
     """One token and two longer sequences."""
     return [Case("T = 1", (1,)), Case("T = 4", (4,)), Case("T = 7", (7,))]
 
@@ -128,8 +121,8 @@ def causal_one_ahead(T):
 check_causal_mask = make_check("causal_mask")
 
 
-@cases_for("padding_mask")
-def padding_mask_cases():
+@cases_for("padding_mask", forbids=PADDING_MASK_FORBIDS)
+def padding_mask_cases(r):
     """Three lengths, one of them 0, a single sequence, and lengths in a Python list, as the chapter
     passes them (mnp.padding_mask([5, 3, 1], 5))."""
     return [Case("three lengths", (np.array([3, 5, 0]), 5)), Case("one sequence", (np.array([2]), 4)),
@@ -177,13 +170,12 @@ check_padding_mask = make_check("padding_mask")
 
 @cases_for("multihead_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy, nothing from mha",
            forbids=MULTIHEAD_ROUTES)
-def multihead_cases():
+def multihead_cases(r):
     """Padding, a causal mask, h = 1 without biases, cross-attention with a masked row, where W_q maps
     the inputs' width 6 to 8 (two heads of 4) and W_o maps 8 to 5, a mask of its own for each sequence
     and head, and scores above 1000 in one query's row and near 0 in the others' (W_q = W_k = [I I])."""
-    r = rng()
     X = r.standard_normal((3, 5, 6))
-    X_far, context_far = far_apart((2,), 3, 4, 3)
+    X_far, context_far = far_apart(r, (2,), 3, 4, 3)
     far = {"W_q": np.hstack([np.eye(3)] * 2), "W_k": np.hstack([np.eye(3)] * 2),
            "W_v": r.standard_normal((3, 6)), "W_o": r.standard_normal((6, 4)), "b_o": r.standard_normal(4)}
     return [

@@ -5,25 +5,20 @@ import math
 
 import numpy as np
 
-from mha.checks.ch01 import BLOCK_ROUTES
 from mha.checks.ch05 import mha_softmax_global_max, mha_softmax_without_max
-from mha.checks.inputs import (attention_params, batch, cast, causal, normal, padding, rng, scores_far_apart, sizes,
+from mha.checks.inputs import (attention_params, batch, cast, causal, normal, padding, scores_far_apart, sizes,
                                weights)
 from mha.checks.reference import NUMPY as mn
+from mha.checks.routes import ENCODER_BLOCK_FORBIDS, FEED_FORWARD_FORBIDS, LAYER_NORM_FORBIDS, LAYERS  # noqa: F401
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
-
-# The library functions built on LayerNorm, the feed-forward network and the encoder block: each computes them
-# with the right parameters (a block with zero attention weights, say), so the exercises forbid them.
-LAYERS = BLOCK_ROUTES + ("decoder_only_transformer",)
 
 # layer norm ---------------------------------------------------------------------------
 
 
-@cases_for("layer_norm", may_use="NumPy sums (no np.mean, np.var or np.std)", forbids=LAYERS)
-def layer_norm_cases():
+@cases_for("layer_norm", may_use="NumPy sums (no np.mean, np.var or np.std)", forbids=LAYER_NORM_FORBIDS)
+def layer_norm_cases(r):
     """A batch, one vector, a large eps, and vectors of mean 1e4 with a spread of 0.01 (where the variance
     as mean(x^2) - mean^2 loses its digits); the inputs are far from mean 0 and variance 1."""
-    r = rng()
     X = 2 + 3 * r.standard_normal((2, 4, 6))
     gamma, beta = 1 + 0.5 * r.standard_normal(6), r.standard_normal(6)
     return [
@@ -92,10 +87,9 @@ check_layer_norm = make_check("layer_norm")
 
 
 @cases_for("feed_forward", may_use="NumPy and scipy.special.erf or math.erf (not mnp.relu or mnp.gelu)",
-           forbids=("relu", "gelu", "gelu_tanh") + LAYERS, packages=("scipy",))
-def feed_forward_cases():
+           forbids=FEED_FORWARD_FORBIDS, packages=("scipy",))
+def feed_forward_cases(r):
     """The same weights with ReLU and with GELU; an unknown activation name, which must raise ValueError."""
-    r = rng()
     X = r.standard_normal((2, 3, 4))
     params = (weights(r, 4, 8), r.standard_normal(8), weights(r, 8, 4), r.standard_normal(4))
     return [
@@ -160,11 +154,10 @@ def block_params(r, d, d_ff, bias=True):
 
 @cases_for("encoder_block", returns=OUT_AND_WEIGHTS,
            may_use="mnp.multihead_attention, mnp.layer_norm and mnp.feed_forward",
-           forbids=("encoder", "decoder_block", "decoder", "decoder_only_transformer"), packages=("scipy",))
-def encoder_block_cases():
+           forbids=ENCODER_BLOCK_FORBIDS, packages=("scipy",))
+def encoder_block_cases(r):
     """Post-norm with padding, pre-norm with GELU, and attention scores above 2000 in one row and near 0 in
     another (W_q = W_k = [I I], two heads of the model's width)."""
-    r = rng()
     params = block_params(r, 6, 10)
     X = r.standard_normal((2, 4, 6))
     far = {**block_params(r, 4, 6), "W_q": np.hstack([np.eye(4)] * 2), "W_k": np.hstack([np.eye(4)] * 2),
@@ -173,7 +166,7 @@ def encoder_block_cases():
     return [
         Case("post-norm with padding", (X, 2), {**params, "mask": mn.padding_mask([4, 2], 4)}),
         Case("pre-norm, gelu", (X, 3), {**params, "norm_first": True, "activation": "gelu"}),
-        Case("attention scores above 709 in one row, near 0 in another", (scores_far_apart(4), 2), far),
+        Case("attention scores above 709 in one row, near 0 in another", (scores_far_apart(r, 4), 2), far),
     ]
 
 

@@ -3,8 +3,9 @@ its catalogued mistakes."""
 
 import numpy as np
 
-from mha.checks.inputs import batch, normal, rng, sizes
+from mha.checks.inputs import batch, normal, sizes
 from mha.checks.reference import NUMPY as mn
+from mha.checks.routes import ATTENTION_AT_OFFSET_FORBIDS
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
 
@@ -14,10 +15,9 @@ def attention_rows(r, shape, dtype=np.float64):
 
 
 @cases_for("attention_at_offset", may_use="NumPy and a loop over the queries (not np.diagonal)",
-           forbids=())  # no other function of mha computes the score
-def attention_at_offset_cases():
+           forbids=ATTENTION_AT_OFFSET_FORBIDS)
+def attention_at_offset_cases(r):
     """Offsets back, forward and 0, on one head, heads and a batch of heads, and T_k > T_q."""
-    r = rng()
 
     def rows(*shape):
         return attention_rows(r, shape)

@@ -5,45 +5,41 @@ import math
 
 import numpy as np
 
-from mha.checks.ch01 import SOFTMAX_ROUTES, routes_but
-from mha.checks.inputs import batch, causal, different_sizes, far_apart, normal, rng, sizes, with_an_empty_row
+from mha.checks.inputs import batch, causal, different_sizes, far_apart, normal, sizes, with_an_empty_row
 from mha.checks.reference import NUMPY as mn
+from mha.checks.routes import CHUNKED_ATTENTION_FORBIDS
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
-# The memory case: T_q = 2048 queries, T_k = 2080 keys in chunks of 96 (the last one 64 keys). Its (T_q, T_k)
-# scores in float64 take 32.5 MiB; a block of them takes 1.5 MiB. A call may take 12 MiB beyond its inputs.
-LONG_T_Q, LONG_T_K, LONG_CHUNK = 2048, 2080, 96
+# The memory case: T_q = 2048 queries, T_k = 8224 keys in chunks of 96 (the last one 64 keys), and no mask. Its
+# (T_q, T_k) scores in float64 take 128.5 MiB, and even an array of T_q x T_k booleans (a mask made whole where none
+# is given) takes 16.1 MiB: more than the 12 MiB that a call may take beyond its inputs. A block of scores takes
+# 1.5 MiB, and a few of them at once fit.
+LONG_T_Q, LONG_T_K, LONG_CHUNK = 2048, 8224, 96
 LONG_PEAK_BYTES = 12 * 2**20
 
 
-def long_sequence():
-    """(Q, K, V, mask) of the memory case: Q (2048, 8), K (2080, 8), V (2080, 4) and a mask of keys (1, 2080)
-    that blocks the whole first chunk. Query 0's scores are about +1000 (exp overflows) and query 1's about
-    -1000 (1000 below its only maximum, 2000 below query 0's), so that every catalogued mistake also gives a
-    wrong answer here: a learner who fails only on memory reads no other mistake's hint."""
-    r = rng()
+def long_sequence(r):
+    """(Q, K, V) of the memory case: Q (2048, 8), K (8224, 8), V (8224, 4). Query 0's scores are about +1000 (exp
+    overflows) and query 1's about -1000 (2000 below query 0's): one maximum for all queries loses query 1."""
     Q, K = r.standard_normal((LONG_T_Q, 8)), r.standard_normal((LONG_T_K, 8))
     K[:, 0] = np.linspace(25.0, 25.1, LONG_T_K)  # query q's scores are 40 * K[j, 0] when Q[q] = 40 sqrt(8) e_0
     Q[:2] = 0.0
     Q[0, 0], Q[1, 0] = 40.0 * math.sqrt(8), -40.0 * math.sqrt(8)  # scores 1000 .. 1004 and -1000 .. -1004
-    mask = r.random((1, LONG_T_K)) < 0.9
-    mask[:, :LONG_CHUNK] = False  # no query may attend to the first chunk
-    return Q, K, r.standard_normal((LONG_T_K, 4)), mask
+    return Q, K, r.standard_normal((LONG_T_K, 4))
 
 
 @cases_for("chunked_attention", may_use="NumPy, nothing from mha",  # returns out only: no weights
-           forbids=routes_but(SOFTMAX_ROUTES, "chunked_attention"))
-def chunked_attention_cases():
+           forbids=CHUNKED_ATTENTION_FORBIDS)
+def chunked_attention_cases(r):
     """Chunks that do and do not divide T, a mask of keys, masked rows and chunks, scores far from 0 and far
     apart, and a long sequence in bounded memory."""
-    r = rng()
     X = r.standard_normal((2, 5, 4))
     masked = np.ones((2, 5, 5), dtype=bool)
     masked[0, 3] = False  # query 3 of sequence 0 may attend to nothing
     masked[1, :, :2] = False  # sequence 1: the whole first chunk is blocked
     far = np.array([[30.0, 30.0], [-30.0, -30.0], [-29.0, -31.0]])  # scores about 1273, -1273, -1273
-    Q_far, K_far = far_apart((2, 3), 4, 4, 3)  # query 0's scores about 1000, the others' near 0
-    *long_qkv, long_mask = long_sequence()
+    Q_far, K_far = far_apart(r, (2, 3), 4, 4, 3)  # query 0's scores about 1000, the others' near 0
+    long_qkv = long_sequence(r)
     return [
         Case("one sequence, chunk does not divide T, a mask of keys (1, T_k) for 6 queries",
              (r.standard_normal((6, 3)), r.standard_normal((7, 3)), r.standard_normal((7, 2))),
@@ -56,9 +52,10 @@ def chunked_attention_cases():
         Case("very negative scores after a masked chunk",
              (np.array([[30.0, 30.0]]), far, r.standard_normal((3, 2))),
              {"mask": np.array([[False, True, True]]), "chunk": 1}),
-        Case(f"a long sequence: T_q = {LONG_T_Q}, T_k = {LONG_T_K}, chunks of {LONG_CHUNK}, at most "
-             f"{LONG_PEAK_BYTES // 2**20} MiB (the T_q x T_k scores alone would take 32.5 MiB)",
-             tuple(long_qkv), {"mask": long_mask, "chunk": LONG_CHUNK}, peak_bytes=LONG_PEAK_BYTES),
+        Case(f"a long sequence without a mask: T_q = {LONG_T_Q}, T_k = {LONG_T_K}, chunks of {LONG_CHUNK}, at most "
+             f"{LONG_PEAK_BYTES // 2**20} MiB (the T_q x T_k scores alone would take "
+             f"{8 * LONG_T_Q * LONG_T_K / 2**20:.1f} MiB, and T_q x T_k booleans "
+             f"{LONG_T_Q * LONG_T_K / 2**20:.1f} MiB)", long_qkv, {"chunk": LONG_CHUNK}, peak_bytes=LONG_PEAK_BYTES),
     ]
 
 

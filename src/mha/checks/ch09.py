@@ -4,9 +4,10 @@ catalogued mistakes."""
 import numpy as np
 
 from mha.checks.ch05 import mha_softmax_global_max, mha_softmax_without_max
-from mha.checks.inputs import (attention_params, batch, cast, normal, padding, rng, scores_far_apart, sizes, weights,
+from mha.checks.inputs import (attention_params, batch, cast, normal, padding, scores_far_apart, sizes, weights,
                                with_an_empty_row)
 from mha.checks.reference import NUMPY as mn
+from mha.checks.routes import DECODER_BLOCK_FORBIDS
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
 
@@ -25,15 +26,13 @@ def decoder_block_params(r, d, d_ff, bias=True):
 @cases_for("decoder_block", returns=("out", ("self_weights", "cross_weights")),
            may_use="NumPy, mnp.multihead_attention, mnp.layer_norm and mnp.feed_forward (not mnp.causal_mask: "
                    "build the causal pattern yourself)",
-           # a stack of one block is the block; the causal masks are the part the text asks to build
-           forbids=("decoder", "causal_mask", "causal_mask_after"), packages=("scipy",))  # feed_forward's GELU: erf
-def decoder_block_cases():
+           forbids=DECODER_BLOCK_FORBIDS, packages=("scipy",))  # feed_forward's GELU: erf
+def decoder_block_cases(r):
     """Post-norm and pre-norm, causal masks given both ways, padding, a source with no real token, and
     self-attention scores above 709 in one row of a sequence and near 0 (2800 below) in another."""
-    r = rng()
     X, memory = r.standard_normal((2, 4, 6)), r.standard_normal((2, 5, 6))
     far = X.copy()
-    far[0] = scores_far_apart(6)  # with W_q = W_k = I: head 0's scores reach 2864 in row 0, about 0 in row 2
+    far[0] = scores_far_apart(r, 6)  # with W_q = W_k = I: head 0's scores reach 2864 in row 0, about 0 in row 2
     return [
         Case("post-norm, causal, padded target and source", (X, memory, 2),
              {**decoder_block_params(r, 6, 10), "causal": True, "self_mask": mn.padding_mask([4, 3], 4),

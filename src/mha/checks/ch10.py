@@ -3,22 +3,18 @@ and their catalogued mistakes."""
 
 import numpy as np
 
-from mha.checks.inputs import rng, sizes
+from mha.checks.inputs import sizes
 from mha.checks.reference import NUMPY as mn
+from mha.checks.routes import ALIBI_BIAS_FORBIDS, SINUSOID_ROUTES
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
 # sinusoidal_positions: Vaswani et al.'s table of sines and cosines ----------------------
 
 
-# The library functions that hand back the angles t * theta_i or the table itself: sinusoidal_frequencies gives
-# theta_i, rotary_embedding(T, d, base, offset) the same angles' sines and cosines (pairs side by side), and
-# sinusoidal_shift(t, d) moves PE[0] = (0, 1, 0, 1, ...) to PE[t].
-SINUSOID_ROUTES = ("sinusoidal_frequencies", "sinusoidal_shift", "rotary_embedding")
-
 
 @cases_for("sinusoidal_positions", may_use="NumPy (np.sin, np.cos, np.arange)", forbids=SINUSOID_ROUTES,
            float32_promised=True)  # "return the table as `dtype`"
-def sinusoidal_positions_cases():
+def sinusoidal_positions_cases(r):
     """A small table, positions after an offset, another base, one pair (d_model = 2), and float32 at positions
     above 10^5 (where angles computed in float32 are off by 10^-3 and more)."""
     return [
@@ -103,8 +99,8 @@ check_sinusoidal_positions = make_check("sinusoidal_positions")
 
 
 @cases_for("alibi_bias", may_use="NumPy (np.arange, np.abs, broadcasting)",
-           forbids=())  # no other function of mha computes the bias (alibi_slopes gives the slopes it takes)
-def alibi_bias_cases():
+           forbids=ALIBI_BIAS_FORBIDS)
+def alibi_bias_cases(r):
     """Square scores with 2 heads, one new query after 4 positions (a cache step), 3 queries after 3
     positions, one head whose slope is a Python list (as the chapter writes it), and 8 heads with Press et
     al.'s slopes."""

@@ -3,22 +3,21 @@ and their catalogued mistakes."""
 
 import numpy as np
 
-from mha.checks.ch01 import SOFTMAX_ROUTES, routes_but
-from mha.checks.inputs import batch, normal, rng, sizes
+from mha.checks.inputs import batch, normal, sizes
 from mha.checks.reference import NUMPY as mn
-from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
+from mha.checks.routes import CAUSAL_LM_LOSS_FORBIDS, GENERATE_GREEDY_FORBIDS
+from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for, registered
 
 # causal_lm_loss: the logits at position t scored against token t + 1 --------------------------
 
 
 @cases_for("causal_lm_loss", may_use="NumPy only (np.exp, np.log, np.take_along_axis; not mnp.log_softmax, "
                                      "not mnp.cross_entropy)",
-           forbids=routes_but(SOFTMAX_ROUTES, "causal_lm_loss"))  # the log-softmax is the exercise's work
-def causal_lm_loss_cases():
+           forbids=CAUSAL_LM_LOSS_FORBIDS)
+def causal_lm_loss_cases(r):
     """One sequence, a batch whose logits reach above 1000 in one sequence and fall 800 below the others at one
     position of another, the shortest sequence (T = 2), and a model so sure of the wrong tokens that the right
     ones get probabilities below the smallest float64 (exp(-800) is 0)."""
-    r = rng()
 
     def case(label, shape, V):
         return Case(label, (2 * r.standard_normal(shape + (V,)), r.integers(0, V, size=shape)))
@@ -165,20 +164,39 @@ class ToyLanguageModel:
         return f"a toy model over {self.vocab_size} tokens"
 
 
-@cases_for("generate_greedy", may_use="NumPy and a Python loop")
-def generate_greedy_cases():
-    """One prompt, a batch of prompts, a context window shorter than the text, no new token, a prompt of one token."""
-    r = rng()
+@cases_for("generate_greedy", may_use="NumPy and a Python loop", forbids=GENERATE_GREEDY_FORBIDS)
+def generate_greedy_cases(r):
+    """One prompt, a batch of prompts, a context window shorter than the text, no new token, a prompt of one token.
+    The model and the prompts are drawn again until every catalogued mistake that gets a case wrong gets it wrong in
+    its own way (a small model can make two wrong loops agree by chance, and the hint would name the other one)."""
     V = 11
-    model = ToyLanguageModel(r, V)
-    return [
-        Case("one prompt of 4 tokens, 5 new tokens", (model, r.integers(0, V, size=4), 5)),
-        Case("a batch of 2 prompts of 4 tokens, 6 new tokens", (model, r.integers(0, V, size=(2, 4)), 6)),
-        Case("max_len=4: the model sees only the last 4 tokens", (model, r.integers(0, V, size=(2, 3)), 6),
-             {"max_len": 4}),
-        Case("n_new = 0: the prompt, unchanged", (model, r.integers(0, V, size=(2, 3)), 0)),
-        Case("a prompt of a single token", (model, r.integers(0, V, size=(3, 1)), 4)),
-    ]
+    for _ in range(100):
+        model = ToyLanguageModel(r, V)
+        cases = [
+            Case("one prompt of 4 tokens, 5 new tokens", (model, r.integers(0, V, size=4), 5)),
+            Case("a batch of 2 prompts of 4 tokens, 6 new tokens", (model, r.integers(0, V, size=(2, 4)), 6)),
+            Case("max_len=4: the model sees only the last 4 tokens", (model, r.integers(0, V, size=(2, 3)), 6),
+                 {"max_len": 4}),
+            Case("n_new = 0: the prompt, unchanged", (model, r.integers(0, V, size=(2, 3)), 0)),
+            Case("a prompt of a single token", (model, r.integers(0, V, size=(3, 1)), 4)),
+        ]
+        if mistakes_told_apart("generate_greedy", cases):
+            return cases
+    raise AssertionError("no draw of 100 tells the mistakes of generate_greedy apart")  # (it takes 1 or 2)
+
+
+def mistakes_told_apart(name, cases):
+    """True when each catalogued mistake of `name` that fails on one of `cases` gets its own hint there: on the first
+    case it gets wrong, no mistake before it in the catalogue gives the same answer."""
+    def same(a, b):
+        return np.shape(a) == np.shape(b) and np.array_equal(a, b)
+    rights = [case.call(getattr(mn, name)) for case in cases]
+    answers = [[case.call(m.fn) for case in cases] for m in registered(name).mistakes]
+    for i, mine in enumerate(answers):
+        first = next((j for j, (a, right) in enumerate(zip(mine, rights)) if not same(a, right)), None)
+        if first is not None and any(same(earlier[first], mine[first]) for earlier in answers[:i]):
+            return False
+    return True
 
 
 @random_cases_for("generate_greedy")

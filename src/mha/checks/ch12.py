@@ -4,22 +4,18 @@
 import numpy as np
 
 from mha.checks.ch01 import naive_softmax
-from mha.checks.inputs import batch, normal, rng, sizes, with_an_empty_row
+from mha.checks.inputs import batch, normal, sizes, with_an_empty_row
 from mha.checks.reference import NUMPY as mn
+from mha.checks.routes import APPLY_ROTARY_FORBIDS, CACHE_ROUTES, GROUPED_ROUTES, KV_CACHE_BYTES_FORBIDS
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
 # repeat_kv: the key/value heads shared by groups of query heads -------------------------
 
 
-# The library functions that repeat key/value heads on the way (an empty cache and no RoPE hand back the keys,
-# the weights of chosen queries pick them): they do repeat_kv's work, and apply_rotary's too with RoPE.
-GROUPED_ROUTES = ("attend_with_cache", "grouped_query_attention")
-
 
 @cases_for("repeat_kv", may_use="NumPy (np.repeat, or np.broadcast_to and a reshape)", forbids=GROUPED_ROUTES)
-def repeat_kv_cases():
+def repeat_kv_cases(r):
     """Groups where tiling and repeating differ, n_rep = 1, and multi-query (h_kv = 1)."""
-    r = rng()
     return [
         Case("2 key/value heads, each for 2 query heads", (r.standard_normal((2, 3, 4)), 2)),
         Case("a batch, 3 key/value heads, each for 4 query heads", (r.standard_normal((2, 3, 5, 2)), 4)),
@@ -62,12 +58,11 @@ check_repeat_kv = make_check("repeat_kv")
 
 
 @cases_for("apply_rotary", may_use="NumPy (the two halves of the last axis), without mnp.rotate_half",
-           forbids=("rotate_half",) + GROUPED_ROUTES,  # the text says "without rotate_half"
+           forbids=APPLY_ROTARY_FORBIDS,  # the text says "without rotate_half"
            float32_promised=True)  # "float32 stays float32"
-def apply_rotary_cases():
+def apply_rotary_cases(r):
     """Heads of a batch (float32, with float64 tables: float32 stays float32), positions after an offset,
     position 0 alone (no turn), and one pair (d_head = 2) in float32 at positions above 10^5."""
-    r = rng()
 
     def case(label, shape, base=10000.0, offset=0, dtype=np.float64, table_dtype=np.float64):
         tables = mn.rotary_embedding(shape[-2], shape[-1], base, offset, dtype=table_dtype)
@@ -139,21 +134,16 @@ def scores_far_apart_in_the_cache(q, k, past_keys):
     q[..., 1:, 0] = 0.0  # the other queries ignore feature 0
 
 
-# The library's other routes to the step: grouped_query_attention runs it, causal_mask_after builds its causal
-# mask (the offset is the exercise), and causal_mask(T_past + T_new)[T_past:] is that mask too.
-CACHE_ROUTES = ("grouped_query_attention", "causal_mask_after", "causal_mask")
-
 
 @cases_for("attend_with_cache", returns=("out", "weights", "keys", "values"),
            may_use="NumPy, mnp.repeat_kv, mnp.rotary_embedding, mnp.apply_rotary and "
                    "mnp.scaled_dot_product_attention (not mnp.causal_mask_after: the offset is the exercise)",
            forbids=CACHE_ROUTES, float32_promised=True)  # "float32 for float32 inputs"
-def attend_with_cache_cases():
+def attend_with_cache_cases(r):
     """An empty cache, one and several new tokens after a cache, causal with and without a mask, RoPE on
     and off, grouped heads (h = 4 over h_kv = 2) and multi-query (h_kv = 1), a mask of keys with a batch
     axis and scores 1000 apart, and float32 after a cache of 100000 positions (where float64 rotary tables,
     rounded to float32, differ from the float32 ones by 2e-3)."""
-    r = rng()
 
     def step(h, h_kv, T_new, T_past, lead=(), d=4, dtype=np.float64):
         qkv = tuple(normal(r, lead + (n, T_new, d), dtype) for n in (h, h_kv, h_kv))
@@ -330,8 +320,8 @@ check_attend_with_cache = make_check("attend_with_cache")
 # kv_cache_bytes: the memory of the cache -------------------------------------------------
 
 
-@cases_for("kv_cache_bytes", may_use="Python arithmetic", forbids=())  # no other function of mha counts bytes
-def kv_cache_bytes_cases():
+@cases_for("kv_cache_bytes", may_use="Python arithmetic", forbids=KV_CACHE_BYTES_FORBIDS)
+def kv_cache_bytes_cases(r):
     """3 layers and a batch of 7 in float32, every factor apart and a total that float32 cannot hold exactly
     (nor int32), Llama 2 7B and Llama 3 8B in float16, int8, and T = 0."""
     return [

@@ -5,23 +5,18 @@ import math
 
 import numpy as np
 
-from mha.checks.inputs import batch, normal, rng, sizes, weights
+from mha.checks.inputs import batch, normal, sizes, weights
+from mha.checks.routes import CAP_ROUTES, GATED_ROUTES, NORM_ROUTES, WINDOW_ROUTES
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
 # rms_norm: RMSNorm, LayerNorm without the mean -------------------------------------------
 
 
-# mnp.layer_norm computes RMSNorm too: the vector next to its own negative has mean 0 and variance mean(x^2);
-# grouped_query_attention applies RMSNorm to the queries and keys (q_norm, k_norm); transformer_lm with no layer,
-# an RMS final norm and an identity output layer is RMSNorm itself.
-NORM_ROUTES = ("layer_norm", "grouped_query_attention", "transformer_lm")
-
 
 @cases_for("rms_norm", may_use="NumPy (not mnp.layer_norm)", forbids=NORM_ROUTES)
-def rms_norm_cases():
+def rms_norm_cases(r):
     """Vectors far from mean 0, one vector, a row of zeros (where 0 / 0 waits without eps), a large eps,
     Gemma's unit offset, and float32 features of size 1e-3, whose mean square is about eps."""
-    r = rng()
     X = 3 + 2 * r.standard_normal((2, 4, 6))  # (B, T, d), mean about 3
     weight = 1 + 0.5 * r.standard_normal(6)
     with_zeros = r.standard_normal((3, 5))
@@ -111,17 +106,12 @@ check_rms_norm = make_check("rms_norm")
 # swiglu: the gated feed-forward of Llama --------------------------------------------------
 
 
-# gated_feed_forward(..., activation="silu") is swiglu itself, and mnp.silu is the gate's activation that the
-# exercise asks for; transformer_lm's blocks add one to the residual stream.
-GATED_ROUTES = ("gated_feed_forward", "silu", "transformer_lm")
-
 
 @cases_for("swiglu", may_use="NumPy (write SiLU yourself: without mnp.silu, without mnp.gated_feed_forward)",
            forbids=GATED_ROUTES)
-def swiglu_cases():
+def swiglu_cases(r):
     """A batch with d_ff wider than d, one token (1-D), d_ff narrower than d, and gate values of +-1000,
     where e^x overflows."""
-    r = rng()
     d, d_ff = 4, 6
     on_the_first_two = np.array([[1.0, 0.0, 0.0, 0.0], [0.0, -1.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]])  # (T, d)
     loud_gate = weights(r, d, d_ff)
@@ -208,16 +198,11 @@ check_swiglu = make_check("swiglu")
 # soft_cap: Gemma 2's smooth cap ----------------------------------------------------------
 
 
-# The attention functions cap their scores (logit_cap), and their weights give the capped scores back: with
-# keys 1 and 0, the log-ratio of the two weights is soft_cap(x); transformer_lm caps its logits (final_logit_cap).
-CAP_ROUTES = ("scaled_dot_product_attention", "grouped_query_attention", "transformer_lm")
-
 
 @cases_for("soft_cap", may_use="NumPy (np.tanh)", forbids=CAP_ROUTES)
-def soft_cap_cases():
+def soft_cap_cases(r):
     """Scores on both sides of the cap, a batch of logits, scores small against the cap, float32 with an
     integer cap, and scores of +-1e5 (where a tanh written with exponentials overflows)."""
-    r = rng()
     return [
         Case("scores from -200 to 200, cap 50 (Gemma 2's attention)", (np.linspace(-200.0, 200.0, 41), 50.0)),
         Case("a batch of logits, cap 30 (Gemma 2's final logits)", (20 * r.standard_normal((2, 3, 5)), 30.0)),
@@ -276,16 +261,11 @@ check_soft_cap = make_check("soft_cap")
 # sliding_window_mask: Mistral's local attention -----------------------------------------
 
 
-# Both build the causal part of the mask, and causal_mask_after(T, 0, window=window) is the whole answer; the
-# weights of grouped_query_attention(..., causal=True, sliding_window=window) are above 0 exactly on the mask,
-# and so are those of transformer_lm's windowed layers.
-WINDOW_ROUTES = ("causal_mask_after", "causal_mask", "grouped_query_attention", "transformer_lm")
-
 
 @cases_for("sliding_window_mask",
            may_use="NumPy: compare positions (without mnp.causal_mask, without mnp.causal_mask_after)",
            forbids=WINDOW_ROUTES)
-def sliding_window_mask_cases():
+def sliding_window_mask_cases(r):
     """A window shorter than the sequence, a window of 1 (each query sees itself), a window as long as the
     sequence and one longer (both the causal mask), and T = 1."""
     return [

@@ -13,12 +13,9 @@ import math
 
 import numpy as np
 
-from mha.checks.inputs import batch, normal, rng, sizes
+from mha.checks.inputs import batch, normal, sizes
+from mha.checks.routes import BITS_FORBIDS, FILTER_ROUTES
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
-
-# filter_logits(logits, temperature=t, top_k=k, top_p=p) gives each of the three answers with the other
-# two options left off; the sampler mnp.generate returns tokens, not logits, and is no route.
-FILTER_ROUTES = ("filter_logits",)
 
 LN2 = math.log(2)
 
@@ -41,9 +38,8 @@ def with_masked_tokens(logits, r, n_masked=1):
 
 
 @cases_for("apply_temperature", may_use="NumPy (not mnp.filter_logits)", forbids=FILTER_ROUTES)
-def apply_temperature_cases():
+def apply_temperature_cases(r):
     """Temperatures below, at and above 1, a masked token, logits near 1000, float32, and an integer temperature."""
-    r = rng()
     return [
         Case("a batch (B, T, V) = (2, 3, 7), temperature 0.5: sharper", (3 * r.standard_normal((2, 3, 7)), 0.5)),
         Case("temperature 2: flatter", (3 * r.standard_normal((4, 5)), 2.0)),
@@ -100,10 +96,9 @@ check_apply_temperature = make_check("apply_temperature")
 
 
 @cases_for("top_k_filter", may_use="NumPy: np.sort, np.partition or np.argsort (not mnp.filter_logits)",
-           forbids=FILTER_ROUTES)
-def top_k_filter_cases():
+           forbids=FILTER_ROUTES, fresh=True)  # "Return a new array: leave `logits` as it was."
+def top_k_filter_cases(r):
     """Ties at the k-th value, k = 1, k = V and k > V, a batch, masked tokens, logits near 1e4, float32."""
-    r = rng()
     ties = np.array([[3.0, 1.0, 3.0, 3.0, 0.0, 2.0],  # k = 2: the three 3s stay
                      [5.0, 4.0, 4.0, 1.0, 0.0, -1.0],  # the 5 and both 4s stay
                      [0.5, 2.0, -1.0, 2.0, 1.5, 0.0]])  # both 2s, and nothing else
@@ -199,10 +194,9 @@ def dyadic_logits(*orders):
 
 
 @cases_for("top_p_filter", may_use="NumPy and mnp.softmax (not mnp.filter_logits)", forbids=FILTER_ROUTES)
-def top_p_filter_cases():
+def top_p_filter_cases(r):
     """The boundary reached exactly, a batch, p tiny, p = 1, masked tokens, logits near 1000, float32 (no tie
     across the cut)."""
-    r = rng()
     masked = with_masked_tokens(1.5 * r.standard_normal((3, 6)), r, n_masked=2)
     large = np.array([[1000.0, 999.0, 998.5, 997.0, 990.0], [990.0, 997.0, 1000.0, 998.5, 999.0]])
     return [
@@ -331,10 +325,8 @@ check_top_p_filter = make_check("top_p_filter")
 # loss_to_bits_per_character: a model's loss beside a compressor's bits --------------------------------------
 
 
-# mha.numpy has no route to bits per character. mha.text.bits_per_character(total_nats, n_characters) computes
-# it, but the student edition that grades holds mha.numpy alone (tools/grading/student_edition.py, COPIED).
-@cases_for("loss_to_bits_per_character", may_use="Python arithmetic (math.log)", forbids=())
-def loss_to_bits_per_character_cases():
+@cases_for("loss_to_bits_per_character", may_use="Python arithmetic (math.log)", forbids=BITS_FORBIDS)
+def loss_to_bits_per_character_cases(r):
     """One token per character, BPE tokens (fewer than the characters), more tokens than characters, a uniform
     model, a perfect one, and NumPy numbers."""
     return [

@@ -15,7 +15,9 @@ import math
 
 import numpy as np
 
-from mha.checks.inputs import batch, normal, rng, sizes, weights
+from mha.checks.compare import ListOf
+from mha.checks.inputs import batch, normal, sizes, weights
+from mha.checks.routes import BYTES_ROUTES, MERGE_PARTIALS_FORBIDS, SHARD_ROUTES
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
 # shard_by_heads: each rank's columns (or rows) of a projection ------------------------------------------------
@@ -26,16 +28,12 @@ def projection(r, rows, cols, dtype=np.float64):
     return weights(r, rows, cols, dtype)
 
 
-# mha.numpy.heads_from_fused hands back each head's column block of W_Q, W_K, W_V: half the exercise's work.
-SHARD_ROUTES = ("heads_from_fused",)
 
-
-@cases_for("shard_by_heads", may_use="NumPy: np.split, reshape and slicing (not mnp.heads_from_fused)",
-           forbids=SHARD_ROUTES)
-def shard_by_heads_cases():
+@cases_for("shard_by_heads", returns=ListOf("shard"),  # "Return a list of P arrays ..., as a copy."
+           may_use="NumPy: np.split, reshape and slicing (not mnp.heads_from_fused)", forbids=SHARD_ROUTES, fresh=True)
+def shard_by_heads_cases(r):
     """W_Q with heads of 3 columns, P = 1, 2, 4 and 8, W_O by rows, a bias, float32, a stack of layers, and 6 heads
     over 4 ranks (last: it must raise ValueError)."""
-    r = rng()
     return [
         Case("W_Q (d, h * d_head) = (8, 12): h = 4 heads of 3 columns, P = 2 ranks", (projection(r, 8, 12), 4, 2)),
         Case("P = h = 4: one head of 2 columns per rank", (projection(r, 6, 8), 4, 4)),
@@ -161,11 +159,11 @@ def without_keys(part, rows, side):
     return out_a, lse_a, out_b, lse_b
 
 
-@cases_for("merge_partials", returns=("out", "lse"), may_use="NumPy: np.logaddexp, np.exp, np.where", forbids=())
-def merge_partials_cases():
+@cases_for("merge_partials", returns=("out", "lse"), may_use="NumPy: np.logaddexp, np.exp, np.where",
+           forbids=MERGE_PARTIALS_FORBIDS)
+def merge_partials_cases(r):
     """Two halves of one head's attention (T = d_v), a batch of heads, unequal blocks, -inf on one side, lse near
     +-1e4, -inf on both sides, float32, and one query row."""
-    r = rng()
     Q, K, V = r.standard_normal((4, 4)), r.standard_normal((6, 4)), r.standard_normal((6, 4))
     Qs, Ks, Vs = r.standard_normal((2, 2, 4, 3)), r.standard_normal((2, 2, 6, 3)), r.standard_normal((2, 2, 6, 3))
     big = parts(r, (2, 3, 5))
@@ -300,12 +298,9 @@ check_merge_partials = make_check("merge_partials")
 # all_reduce_bytes: what one rank sends in a ring all-reduce ------------------------------------------------------
 
 
-# mha.numpy.wire_bytes turns a payload ({pass: {"all_reduce": n}}) into the same bytes: the exercise's answer.
-BYTES_ROUTES = ("wire_bytes",)
-
 
 @cases_for("all_reduce_bytes", may_use="Python arithmetic (not mnp.wire_bytes)", forbids=BYTES_ROUTES)
-def all_reduce_bytes_cases():
+def all_reduce_bytes_cases(r):
     """P = 4 first, a share that is no whole number of bytes (P = 3), P = 2, 8, 64 and 1, the default of 4 bytes
     per element, no elements, and NumPy integers."""
     return [

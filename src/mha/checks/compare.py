@@ -2,16 +2,19 @@
 what it tried and how the two differ.
 
 A result is one array (or a number) or a tuple of arrays, perhaps nested; its
-*structure* names the parts: None for one array, ("out", "weights") for a pair, or
-("out", ("self_weights", "cross_weights")) for a nested tuple. Floats agree
-within a tolerance; whole numbers (a count of bytes) must be exact.
+*structure* names the parts: None for one array, ("out", "weights") for a pair,
+("out", ("self_weights", "cross_weights")) for a nested tuple, or ListOf("shard")
+for a list of arrays (a list, as long as the reference's). Floats agree within a
+tolerance; whole numbers (a count of bytes) must be exact.
 """
 
 import inspect
 
 import numpy as np
 
-RTOL, ATOL = 1e-5, 1e-8  # for float64 results
+# For float64 results: tight enough to refuse float32 arithmetic (about 1e-7 relative, rounded to float64 at the
+# end), loose enough for float64 computed in another order (sums, matmuls, an online softmax: 1e-13 and less).
+RTOL, ATOL = 1e-9, 1e-9
 RTOL_SINGLE, ATOL_SINGLE = 1e-4, 1e-4  # for float32 results: about 7 digits, of sums of larger terms
 
 
@@ -42,6 +45,17 @@ def describe_array(a):
     """An array's shape and dtype, e.g. "shape (4, 5) float64"."""
     a = np.asarray(a)
     return f"shape {a.shape} {a.dtype}"
+
+
+class ListOf:
+    """The structure of a result that is a Python list of arrays, as many as the reference's (each one compared as
+    one array, named `part` and its index): a text that says "return a list" means a list, not a stacked array."""
+
+    def __init__(self, part):
+        self.part = part
+
+    def __repr__(self):
+        return f"ListOf({self.part!r})"
 
 
 def describe_structure(structure):
@@ -132,6 +146,8 @@ def compare_result(expected, got, structure, float32_promised=True):
     whether the text promises float32 answers for float32 inputs (else float64 is accepted for them)."""
     if structure is None:
         return compare_arrays("result", expected, got, float32_promised)
+    if isinstance(structure, ListOf):
+        return compare_list(expected, got, structure.part, float32_promised)
     wanted = describe_structure(structure)
     if not isinstance(got, (tuple, list)):
         return f"expected a tuple {wanted}, got {type(got).__name__}"
@@ -146,10 +162,28 @@ def compare_result(expected, got, structure, float32_promised=True):
     return None
 
 
+def compare_list(expected, got, part, float32_promised=True):
+    """None if `got` is a list of as many arrays as `expected`, each equal to its own, else what differs."""
+    if not isinstance(got, list):
+        shown = describe_array(got) if isinstance(got, np.ndarray) else type(got).__name__
+        return f"expected a list of {len(expected)} arrays (one {part} each), got {shown}"
+    if len(got) != len(expected):
+        return f"expected a list of {len(expected)} arrays (one {part} each), got a list of {len(got)}"
+    for i, (e, g) in enumerate(zip(expected, got)):
+        problem = compare_arrays(f"{part} {i}", e, g, float32_promised)
+        if problem:
+            return problem
+    return None
+
+
 def flatten(result, structure):
     """The arrays of a result in order, following `structure` (None: the result itself)."""
     if structure is None:
         return [result]
+    if isinstance(structure, ListOf):
+        if not isinstance(result, list):
+            raise ValueError("not a list like the reference's result")
+        return list(result)
     if not isinstance(result, (tuple, list)) or len(result) != len(structure):
         raise ValueError("not shaped like the reference's result")
     return [a for part, r in zip(structure, result)
@@ -159,7 +193,10 @@ def flatten(result, structure):
 def same_answer(wrong, got, structure):
     """True when `got` equals a mistake's answer `wrong` (NaNs matching NaNs)."""
     try:
-        pairs = zip(flatten(wrong, structure), flatten(got, structure))
+        wrong, got = flatten(wrong, structure), flatten(got, structure)
+        if len(wrong) != len(got):
+            return False
+        pairs = zip(wrong, got)
         return all(np.allclose(np.asarray(g, dtype=float), np.asarray(w, dtype=float),
                                *tolerance(w, g), equal_nan=True) for w, g in pairs)
     except (TypeError, ValueError):

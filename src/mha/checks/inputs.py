@@ -1,7 +1,9 @@
 """Inputs that the cases of several chapters share.
 
-The named cases use `rng()`, the same numbers on every run. The random cases use the
-generator `r` that the registry seeds afresh on each call, and the helpers below:
+The named cases draw their numbers from `named_generator(seed)`, the random cases from the generator
+`np.random.default_rng(seed)`, with the seed of the run (fresh on each call of a check, or given): a named
+case keeps its label and its trap, but its values change from run to run, so that no answer recorded in one
+run fits the next; the same seed draws the same cases again. Both use the helpers below:
 sizes and batches, arrays of either float dtype, weights of any shape, and masks in
 which some query may attend to nothing.
 """
@@ -9,9 +11,12 @@ which some query may attend to nothing.
 import numpy as np
 
 
-def rng():
-    """The same random numbers on every run of every check."""
-    return np.random.default_rng(2026)
+NAMED_STREAM = 2026  # the named cases' own stream, apart from the random cases' (drawn from the seed alone)
+
+
+def named_generator(seed):
+    """The generator of the named cases of a run with `seed`: the same seed, the same named cases."""
+    return np.random.default_rng((NAMED_STREAM, seed))
 
 
 def normal(r, shape, dtype=np.float64, scale=1.0):
@@ -82,14 +87,14 @@ def attention_params(r, d, bias=True, width=None, d_out=None):
     return params
 
 
-# The traps of the named cases: fixed numbers that a wrong solution cannot pass by luck ----------
+# The traps of the named cases: numbers placed so that a wrong solution cannot pass by luck, whatever the seed
 
 
-def scores_far_apart(d=4):
+def scores_far_apart(r, d=4):
     """(T, d) = (4, d) tokens whose self-attention scores X X^T / sqrt(d) reach above 1100 in row 0 (exp
     overflows past 709) while row 2's largest score is about 1 (about 1100 below, so that one maximum for
     all rows underflows row 2 to 0 / 0). Rows 1 and 3 are ordinary tokens."""
-    X = rng().standard_normal((4, d))
+    X = r.standard_normal((4, d))
     X[0] = 0.0
     X[0, 0] = 45.0 * d ** 0.25  # X[0] . X[0] / sqrt(d) = 2025
     X[2] = 0.0
@@ -97,11 +102,10 @@ def scores_far_apart(d=4):
     return X
 
 
-def far_apart(lead, T_q, T_k, d, dtype=np.float64):
+def far_apart(r, lead, T_q, T_k, d, dtype=np.float64):
     """Q (lead + (T_q, d)) and K (lead + (T_k, d)) whose scores Q K^T / sqrt(d) are 1000 to 1004 in query 0
     and within a few units of 0 in the other queries: a softmax without the shift by each row's
     maximum overflows in row 0, and one shifted by the maximum of all rows underflows the others to 0 / 0."""
-    r = rng()
     Q, K = r.standard_normal(lead + (T_q, d)), r.standard_normal(lead + (T_k, d))
     Q[..., 0, :] = 0.0
     Q[..., 0, 0] = 40.0 * np.sqrt(d)  # query 0's scores are 40 K[..., j, 0] ...

@@ -3,7 +3,7 @@
 A chapter module declares each check in four parts, side by side:
 
     @cases_for("softmax")                                # the named inputs to try, with their hints
-    def softmax_cases(): ...
+    def softmax_cases(r): ...
 
     @random_cases_for("softmax")                         # inputs drawn afresh on every call
     def softmax_random_cases(r): ...
@@ -16,15 +16,18 @@ A chapter module declares each check in four parts, side by side:
 `@cases_for` adds an entry to `CHECKS` (name -> `Check`); `@random_cases_for` and
 `@mistake` add to that entry, so cases come first. A check calls the learner's
 function exactly as `mha.numpy.<name>` is called, first on the named cases, then on
-random ones drawn from a generator seeded afresh on each call (`seed=` repeats a
-draw), and raises `CheckFailed` at the first wrong answer, with the hint of the first
-catalogued mistake that gives the same answer, and the seed. It compares with the
-reference kept in `mha.checks.reference`, and refuses a solution that calls the
-very function it should replace (`mha.checks.own_work`).
+random ones, both drawn from the run's seed, fresh on each call (`seed=` repeats a draw:
+the named cases keep their labels and traps, their values come from the seed), and raises
+`CheckFailed` at the first wrong answer, with the hint of the first catalogued mistake that
+gives the same answer, and the seed. It compares with the reference kept in
+`mha.checks.reference`, and refuses a solution that calls the very function it should
+replace, or any library function that does the exercise's work (`forbids`,
+`mha.checks.routes`), while it runs (`mha.checks.own_work`).
 """
 
 import contextlib
 import copy
+import inspect
 import secrets
 import tracemalloc
 from dataclasses import dataclass, field
@@ -32,7 +35,8 @@ from typing import Callable
 
 import numpy as np
 
-from mha.checks.compare import changed_arguments, compare_result, describe_case, same_answer
+from mha.checks.compare import changed_arguments, compare_result, describe_case, flatten, same_answer
+from mha.checks.inputs import named_generator
 from mha.checks.own_work import Refusing
 from mha.checks.reference import reference, untouched_library
 
@@ -78,7 +82,7 @@ class Mistake:
 class Check:
     """Everything about the check of `mha.numpy.<name>`."""
     name: str
-    make_cases: Callable[[], list]  # returns the list of named `Case`s, built afresh on each call
+    make_cases: Callable  # make_cases(generator) returns the named `Case`s, their values drawn from the generator
     returns: tuple | None = None  # the structure of a result: None for one array (see mha.checks.compare)
     may_use: str = "NumPy"  # what the exercise lets a solution call, for the hint when it calls the reference
     make_random_cases: Callable | None = None  # make_random_cases(generator) returns more `Case`s
@@ -93,28 +97,35 @@ class Check:
     # the table as dtype"); elsewhere a float64 answer to a float32 input is accepted. A float64 input must
     # always be answered in float64.
     float32_promised: bool = False
+    # Whether the text promises a new array or copies ("return a new array", "as a copy"): the notebook's check
+    # refuses an answer whose arrays share memory with the inputs (the grader cannot see memory across processes).
+    fresh: bool = False
 
     def absent(self):
         """The library names that the student edition switches off for this exercise, sorted."""
         return tuple(sorted({self.name, *self.forbids}))
 
+    def named_cases(self, seed):
+        """The named cases of a run with `seed`: the same labels and traps on every run, values drawn from `seed`."""
+        return self.make_cases(named_generator(seed))
+
     def cases(self, seed):
-        """The named cases, then the random ones drawn from `seed`."""
-        return self.make_cases() + self.make_random_cases(np.random.default_rng(seed))
+        """The named cases, then the random ones, drawn from `seed`."""
+        return self.named_cases(seed) + self.make_random_cases(np.random.default_rng(seed))
 
 
 CHECKS = {}
 
 
-def cases_for(name, returns=None, may_use="NumPy", forbids=(), packages=(), float32_promised=False):
-    """Register the function that makes the named cases of `check_<name>`; `returns`, `may_use`,
-    `forbids`, `packages` and `float32_promised` as in `Check`."""
+def cases_for(name, returns=None, may_use="NumPy", forbids=(), packages=(), float32_promised=False, fresh=False):
+    """Register the function that makes the named cases of `check_<name>` from a NumPy Generator; `returns`,
+    `may_use`, `forbids`, `packages`, `float32_promised` and `fresh` as in `Check`."""
     def register(make_cases):
         earlier = CHECKS.get(name)
         if earlier is not None and earlier.make_cases.__module__ != make_cases.__module__:
             raise ValueError(f"the cases of {name} are already registered in {earlier.make_cases.__module__}")
         CHECKS[name] = Check(name, make_cases, returns, may_use, forbids=tuple(forbids), packages=tuple(packages),
-                             float32_promised=float32_promised)
+                             float32_promised=float32_promised, fresh=fresh)
         return make_cases
     return register
 
@@ -182,19 +193,20 @@ def call_learner(check, fn, case, seed):
     left them, and the most memory it took (tracemalloc, only for a case with `peak_bytes`); or
     CheckFailed (NotImplementedError for a stub) saying why there is no answer."""
     args, kwargs = case.arguments()
-    guard, failure = Refusing(check.name, reference(check.name), fn), None
-    if not guard.watching:  # fn is mha's own function, handed in as it is
-        raise CheckFailed(f"this is mha's own {check.name}, not yours: write it yourself, using only "
-                          f"{check.may_use}\n{seed_line(check.name, fn, seed)}")
+    guard, failure = refusing(check, fn), None
+    if not guard.watching:  # fn is mha's own function (or a forbidden one), handed in as it is
+        raise CheckFailed(f"this is mha's own {guard.refused}, not yours{what_it_does(check, guard.refused)}: "
+                          f"write it yourself, using only {check.may_use}\n{seed_line(check.name, fn, seed)}")
     with np.errstate(all="ignore"), guard, memory_watch(case) as peak:
         try:
             got = fn(*args, **kwargs)
         except Exception as error:
             failure = error
     if guard.caught:
+        does = (", the function this exercise asks you to write" if guard.refused == check.name
+                else what_it_does(check, guard.refused))
         raise CheckFailed(
-            f"{check.name} calls mha's own {check.name}, the function this exercise asks you to write: "
-            f"write it yourself, using only {check.may_use}\n"
+            f"{check.name} calls mha's own {guard.refused}{does}: write it yourself, using only {check.may_use}\n"
             f"  on the case '{case.label}'\n{seed_line(check.name, fn, seed)}")
     if case.raises is not None and failure is None:
         raise CheckFailed(
@@ -215,6 +227,37 @@ def call_learner(check, fn, case, seed):
 
 
 RAISED_AS_REQUIRED = object()  # the answer of a function that raised the exception its case requires
+
+
+def refusing(check, fn):
+    """The guard under which the learner's `fn` runs: every name of `check.absent()` refused, in both faces."""
+    return Refusing(check.name, reference(check.name), fn, {name: reference(name) for name in check.forbids})
+
+
+def what_it_does(check, refused):
+    """Why a forbidden function is refused, for the messages ("" for the exercise's own function)."""
+    return "" if refused == check.name else ", which does this exercise's work"
+
+
+def shared_memory(check, got, args, kwargs):
+    """None, or which array of the answer shares memory with which input, where the text promises a new array or
+    copies (`check.fresh`). The notebook's check only: memory does not cross to the grader's process."""
+    if not check.fresh:
+        return None
+    try:
+        answers = [a for a in flatten(got, check.returns) if isinstance(a, np.ndarray)]
+    except ValueError:
+        return None
+    names = list(inspect.signature(reference(check.name)).parameters)
+    inputs = [(names[i] if i < len(names) else f"argument {i}", a) for i, a in enumerate(args)]
+    inputs += list(kwargs.items())
+    for i, answer in enumerate(answers):
+        for name, value in inputs:
+            if isinstance(value, np.ndarray) and np.may_share_memory(answer, value) and np.shares_memory(answer, value):
+                part = "the result" if len(answers) == 1 and check.returns is None else f"array {i} of the result"
+                return (f"{part} shares memory with the input {name}: the text asks for a new array (a copy), not "
+                        f"a view of the input (slicing, np.split and reshape give views; .copy() makes a copy)")
+    return None
 
 
 @contextlib.contextmanager
@@ -258,7 +301,7 @@ def failure_message(check, case, got, problem, fn_name, seed):
     """The whole message of a wrong answer: the case, the problem, the hint of a matching mistake, the seed."""
     if "expected dtype" in problem:
         hint = DTYPE_HINT
-    elif got is RAISED_AS_REQUIRED or "in place" in problem or "at its peak" in problem:
+    elif got is RAISED_AS_REQUIRED or any(words in problem for words in ("in place", "at its peak", "shares memory")):
         hint = None  # the answer's values are not what is wrong: no mistake's hint fits
     else:
         hint = matching_hint(check, case, got)
@@ -275,18 +318,22 @@ def expected_answer(name, case):
 
 
 def run_check(name, fn, seed=None):
-    """Call `fn` on the named cases, then on random ones drawn with `seed` (fresh when None), and compare
+    """Call `fn` on the named cases, then on random ones, both drawn with `seed` (fresh when None), and compare
     with the library's `mha.numpy.<name>`. Prints one line when all pass; raises CheckFailed otherwise."""
     check = registered(name)
     if not callable(fn):
         raise CheckFailed(f"check_{name} needs a function, got {type(fn).__name__}")
     seed = fresh_seed() if seed is None else seed
-    named = check.make_cases()
+    named, shared = check.named_cases(seed), None
     for case in named + check.make_random_cases(np.random.default_rng(seed)):
         got, args, kwargs, peak = call_learner(check, fn, case, seed)
         problem = problem_with(check, case, got, args, kwargs, peak)
         if problem:
             raise CheckFailed(failure_message(check, case, got, problem, fn, seed))
+        said = shared is None and got is not RAISED_AS_REQUIRED and shared_memory(check, got, args, kwargs)
+        shared = (case, got, said) if said else shared  # said once every answer is right: the values come first
+    if shared:
+        raise CheckFailed(failure_message(check, *shared, fn, seed))
     print(f"check_{name}: all {len(named)} cases passed.")  # the named ones; the random ones come on top
 
 

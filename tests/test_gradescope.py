@@ -366,6 +366,14 @@ def test_lms_totals_import_into_canvas_and_moodle(tmp_path):
     assert not path.read_bytes().startswith(b"\xef\xbb\xbf"), "no byte-order mark"
 
 
+def test_lms_totals_under_an_assignment_stop_at_its_points(tmp_path):
+    """Two notebooks of one student for one assignment: not more than its points."""
+    roster = write_roster(tmp_path / "roster.csv", ["notebook,lms_id", "ada,a", "bob/ch1,a"])
+    with pytest.warns(exports.SeveralSubmissions, match=r"more than the assignment's 2 points.*: a"):
+        path = exports.write_lms_totals(ROWS, roster, tmp_path, "Chapter 1", maximum=2)
+    assert [row[-1] for row in read_csv(path)] == ["Chapter 1", "2"]
+
+
 @pytest.mark.parametrize("lines,message", [
     (["notebook,lms_id", "ada,ada.lovelace"], r"not in the roster.*bob/ch1"),
     (["notebook,name", "ada,Ada"], r"no column 'lms_id'"),

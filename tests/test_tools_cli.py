@@ -32,10 +32,20 @@ TOOLS = sorted((ROOT / "tools").glob("*.py")) + [ROOT / "tools" / "grading" / "e
 QUIET = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ written by these runs
 
 
+# Ignored folders that other tests, run at the same time, may make (caches, the book's build): a new
+# one of them says nothing about the tools. What the tools write there is looked at in OUTPUTS.
+MADE_BY_OTHER_TESTS = {".pytest_cache/", ".hypothesis/", "_build/", "lab/", ".cache/"}
+OUTPUTS = [ROOT / "_build" / "gradescope", ROOT / "_build" / "pdf", ROOT / "_handout"]
+
+
 def git_status():
-    """Every change, untracked and ignored path of the repository, as git sees them."""
-    return set(subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=normal"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout.splitlines())
+    """Every change, untracked and ignored path of the repository, as git sees them (ignored folders whole,
+    but those that other tests may make), and what the tools' own output folders hold."""
+    lines = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=normal"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    outputs = {str(p) for folder in OUTPUTS if folder.is_dir() for p in folder.rglob("*")}
+    return {line for line in lines if not (line.startswith("!! ") and line[3:] in MADE_BY_OTHER_TESTS
+                                           or line.endswith("__pycache__/"))} | outputs
 
 
 def run(tool, *arguments, cwd=ROOT):

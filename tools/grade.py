@@ -42,10 +42,13 @@ import argparse
 import csv
 import hashlib
 import json
+import multiprocessing
 import os
+import resource
+import signal
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing.connection import wait as wait_for
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -56,6 +59,7 @@ from handout_manifest import assignment_checks, assignment_manifest, chapter_ste
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "_handout" / "student" / "exercises.json"
 FIELDS = [f.name for f in fields(Row)]
+GRADER_MEMORY = 3 * 2**30  # the grader's own process for one notebook (the cases, the answers, the replies)
 LEAN_KERNELS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
@@ -106,24 +110,57 @@ def tampered_rows(rows, student):
         Row(student, "", "", False, said, 0, 0, "")]
 
 
+def grade_in_own_process(connection, path, name, manifest, secret, limits, covered):
+    """The body of one notebook's grading process: its rows sent back, under the grader's memory limit."""
+    # the soft limit only: the workers it starts set their own, which may be larger (--memory)
+    resource.setrlimit(resource.RLIMIT_DATA, (GRADER_MEMORY, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+    os.environ.update(LEAN_KERNELS)  # the workers inherit it: one thread each, as many notebooks as jobs
+    try:
+        rows = grade_notebook(path, name, manifest, secret, limits, covered)
+    except Exception as error:  # noqa: BLE001 - one notebook's failure never stops the others
+        rows = [Row(name, "", "", False, f"the grader failed on this notebook: {type(error).__name__}: {error}",
+                    0, 0, "")]
+    connection.send(rows)
+    connection.close()
+
+
+def rows_of(process, connection, name):
+    """The rows that a notebook's process sent, or one failed row saying how the process ended."""
+    try:
+        rows = connection.recv()
+    except (EOFError, OSError):
+        rows = None
+    connection.close()
+    process.join()
+    if rows is None:
+        code = process.exitcode
+        how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"ended ({code})"
+        rows = [Row(name, "", "", False, f"the grader's process for this notebook {how} before it gave its grades "
+                    f"(more than {GRADER_MEMORY / 2**30:g} GiB, or a crash): not graded", 0, 0, "")]
+    return rows
+
+
 def grade_all(paths, manifest, jobs, limits, secret, covered, trusted):
-    """The rows of every notebook, in the order given, graded `jobs` at a time. After each notebook the
+    """The rows of every notebook, in the order given, graded `jobs` at a time, each in a process of its own
+    under a memory limit: a notebook that breaks its process fails alone. After each notebook the
     fingerprint of `trusted` is taken again: a notebook after which it changed is not graded."""
     names = student_names(paths)
     progress = Progress(len(paths))
     before = fingerprint(trusted)
-    # The workers inherit the grader's environment: one thread each, as many notebooks as jobs.
-    with ProcessPoolExecutor(max_workers=jobs, initializer=os.environ.update, initargs=(LEAN_KERNELS,)) as pool:
-        futures = {pool.submit(grade_notebook, path, name, manifest, secret, limits, covered): i
-                   for i, (path, name) in enumerate(zip(paths, names))}
-        results = [None] * len(paths)
-        for future in as_completed(futures):
-            i = futures[future]
-            try:
-                results[i] = future.result()
-            except Exception as error:  # noqa: BLE001 - one notebook's failure never stops the others
-                results[i] = [Row(names[i], "", "", False, f"the grader failed on this notebook: "
-                                  f"{type(error).__name__}: {error}", 0, 0, "")]
+    context = multiprocessing.get_context("fork")
+    results, waiting, running = [None] * len(paths), list(enumerate(paths)), {}
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            i, path = waiting.pop(0)
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(target=grade_in_own_process,
+                                      args=(sender, path, names[i], manifest, secret, limits, covered))
+            process.start()
+            sender.close()
+            running[receiver] = (i, process)
+        for receiver in wait_for(list(running)):  # ready: the rows came, or the process ended (end of file)
+            i, process = running.pop(receiver)
+            results[i] = rows_of(process, receiver, names[i])
             if fingerprint(trusted) != before:
                 results[i] = tampered_rows(results[i], names[i])
             progress.step(names[i])

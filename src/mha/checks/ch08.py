@@ -10,16 +10,17 @@ from mha.checks.reference import NUMPY as mn
 from mha.checks.routes import CHUNKED_ATTENTION_FORBIDS
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
-# The memory case: T_q = 2048 queries, T_k = 8224 keys in chunks of 96 (the last one 64 keys), and no mask. Its
-# (T_q, T_k) scores in float64 take 128.5 MiB, and even an array of T_q x T_k booleans (a mask made whole where none
-# is given) takes 16.1 MiB: more than the 12 MiB that a call may take beyond its inputs. A block of scores takes
-# 1.5 MiB, and a few of them at once fit.
-LONG_T_Q, LONG_T_K, LONG_CHUNK = 2048, 8224, 96
-LONG_PEAK_BYTES = 12 * 2**20
+# The memory case: T_q = 4096 queries, T_k = 8208 keys in chunks of 32 (the last one 16 keys), and no mask. Its
+# (T_q, T_k) scores in float64 take 256.5 MiB, and even an array of T_q x T_k booleans (a mask made whole where none
+# is given) takes 32.1 MiB: more than the 24 MiB that a call may take beyond its inputs. A block of scores takes
+# 1 MiB, and a few of them at once fit, with room for what the grader's worker counts as well (the inputs it
+# receives: about 9 MiB here, measured from outside).
+LONG_T_Q, LONG_T_K, LONG_CHUNK = 4096, 8208, 32
+LONG_PEAK_BYTES = 24 * 2**20
 
 
 def long_sequence(r):
-    """(Q, K, V) of the memory case: Q (2048, 8), K (8224, 8), V (8224, 4). Query 0's scores are about +1000 (exp
+    """(Q, K, V) of the memory case: Q (4096, 8), K (8208, 8), V (8208, 4). Query 0's scores are about +1000 (exp
     overflows) and query 1's about -1000 (2000 below query 0's): one maximum for all queries loses query 1."""
     Q, K = r.standard_normal((LONG_T_Q, 8)), r.standard_normal((LONG_T_K, 8))
     K[:, 0] = np.linspace(25.0, 25.1, LONG_T_K)  # query q's scores are 40 * K[j, 0] when Q[q] = 40 sqrt(8) e_0

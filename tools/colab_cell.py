@@ -32,7 +32,6 @@ import sys
 import tomllib
 from pathlib import Path
 
-import nbformat
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,6 +108,7 @@ def is_install_cell(cell):
 
 def apply(notebook, source):
     """Put the install cell (with `source`) first among the code cells. True if it changed anything."""
+    import nbformat  # here, not above: `--help` is answered without it
     code = [i for i, c in enumerate(notebook.cells) if c.cell_type == "code"]
     if code and is_install_cell(notebook.cells[code[0]]):
         cell = notebook.cells[code[0]]
@@ -139,6 +139,7 @@ def arguments(argv):
 
 def main(argv):
     args = arguments(argv)
+    import nbformat  # here, not above: `--help` is answered without it
     check = args.check
     paths = [path.resolve() for path in args.notebooks] or chapters()
     stale = []

@@ -36,7 +36,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 
 from handout_manifest import build_manifest, write_manifest
 from output_folder import FolderRefused, claim
@@ -75,6 +74,7 @@ def stub_for(code):
 
 def student_cells(cells):
     """The cells of a student notebook: solutions out, stubs in, exercise outputs cleared."""
+    import nbformat  # here, not above: `--help` is answered without it
     out, in_solution, solution_code, seen_exercise = [], False, [], False
     for cell in cells:
         if is_marker(cell, "solution-start"):
@@ -105,6 +105,7 @@ def student_cells(cells):
 
 
 def student_notebook(path):
+    import nbformat  # here, not above: `--help` is answered without it
     notebook = nbformat.read(path, as_version=4)
     notebook.cells = student_cells(notebook.cells)
     nbformat.validate(notebook)
@@ -115,6 +116,7 @@ def make_handout(output, build_html=True, repository=FROM_SETTINGS):
     """Write the handout into `output`. `repository`: the student repository, (url, branch) or None;
     by default the one handout.yml names. FolderRefused (nothing deleted) when `output` is not the
     handout's to write (see the module's docstring)."""
+    import nbformat  # here, not above: `--help` is answered without it
     repository = student_repository() if repository == FROM_SETTINGS else repository
     output = claim(output, MARKER, "tools/make_handout.py", default=DEFAULT, known=EARLIER_HANDOUT)
     student, key = output / "student", output / "key"

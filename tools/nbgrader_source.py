@@ -35,7 +35,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import nbformat
 
 from handout_manifest import EXERCISE, chapter_exercises
 from make_handout import ROOT, SOLUTION_BLOCK, is_marker, stub_for
@@ -118,6 +117,7 @@ def with_solution_regions(code):
 
 def solution_cells(exercise, block):
     """nbgrader cells for one exercise's solution block."""
+    import nbformat  # here, not above: `--help` is answered without it
     label = exercise["label"]
     code = [cell for cell in block if cell.cell_type == "code"]
     prose = [cell.source for cell in block if cell.cell_type == "markdown"]
@@ -135,6 +135,7 @@ def solution_cells(exercise, block):
 
 def autograder_tests(exercise, cell):
     """The check cell after a solution, as one locked autograded test cell per check."""
+    import nbformat  # here, not above: `--help` is answered without it
     if cell.cell_type != "code" or cell.source != exercise["check_cell"]:
         raise ValueError(f"{exercise['label']}: the cell after the solution must be its check cell")
     share = exercise["points"] / len(exercise["checks"])
@@ -174,6 +175,7 @@ def source_cells(cells, exercises):
 
 def source_notebook(path):
     """A chapter as an nbgrader source notebook."""
+    import nbformat  # here, not above: `--help` is answered without it
     notebook = nbformat.read(path, as_version=4)
     exercises = {exercise["label"]: exercise for exercise in chapter_exercises(path)}
     notebook.cells = source_cells(notebook.cells, exercises)
@@ -187,6 +189,7 @@ def source_notebook(path):
 def write_nbgrader_source(output):
     """Write OUTPUT/nbgrader/: nbgrader_config.py and source/chapterNN/NN_name.ipynb. FolderRefused
     (nothing deleted) when OUTPUT/nbgrader/ is not this tool's to write (see the module's docstring)."""
+    import nbformat  # here, not above: `--help` is answered without it
     course = claim(Path(output) / "nbgrader", MARKER, "tools/nbgrader_source.py",
                    default=ROOT / "_handout" / "nbgrader", known=EARLIER_COURSE, empty=False)
     shutil.rmtree(course / "source", ignore_errors=True)

@@ -37,7 +37,7 @@ def all_cases(name, seeds=SEEDS):
     """The named cases of check_<name>, then the random ones of every seed."""
     check = CHECKS[name]
     drawn = [check.make_random_cases(np.random.default_rng(seed)) for seed in seeds]
-    return check.make_cases() + [case for cases in drawn for case in cases]
+    return check.named_cases(0) + [case for cases in drawn for case in cases]
 
 
 # Right solutions written from scratch: NumPy only, float32 kept float32 ------------------------------------
@@ -302,7 +302,7 @@ def test_every_catalogued_mistake_fails_with_its_own_hint_on_every_seed(name):
 
 
 def labelled(name, words):
-    return next(case for case in CHECKS[name].make_cases() if words in case.label)
+    return next(case for case in CHECKS[name].named_cases(0) if words in case.label)
 
 
 def test_the_named_traps_of_top_k_and_temperature_are_there():
@@ -318,7 +318,7 @@ def test_the_named_traps_of_top_k_and_temperature_are_there():
     assert labelled("apply_temperature", "float32").args[0].dtype == np.float32
     assert np.isneginf(labelled("apply_temperature", "masked").args[0]).any()
     assert isinstance(labelled("apply_temperature", "integer temperature").args[1], int)
-    temperatures = [case.args[1] for case in CHECKS["apply_temperature"].make_cases()]
+    temperatures = [case.args[1] for case in CHECKS["apply_temperature"].named_cases(0)]
     assert min(temperatures) < 1 < max(temperatures) and 1.0 in temperatures
 
 
@@ -425,7 +425,7 @@ ROUTES = [("apply_temperature", by_filter_logits("temperature")), ("top_k_filter
 @pytest.mark.parametrize("name,route", ROUTES, ids=[name for name, _ in ROUTES])
 def test_a_library_route_is_right_in_the_notebook_and_fails_in_the_student_edition(name, route, monkeypatch):
     check = CHECKS[name]
-    for case in check.make_cases():
+    for case in check.named_cases(0):
         assert compare_result(expected_answer(name, case), case.call(route), check.returns) is None, case.label
     with student_edition(name, monkeypatch):
         for message in failures_on_every_seed(name, route):

@@ -7,6 +7,7 @@ NumPy scalar keeps its dtype. Only these cross:
     None, bool, int, float, str
     tuple, list, dict with str keys             of values that cross
     numpy arrays and scalars                    of bool, int, uint or float dtype
+    numpy dtypes and scalar types               of those kinds (dtype=np.float32)
     TableModel                                  a function given as data: a table of logits
 
 Anything else (an object array, a torch tensor, a function) cannot be encoded:
@@ -75,6 +76,11 @@ def tag(value):
         return {"t": "dict", "v": [[k, tag(v)] for k, v in value.items()]}
     if isinstance(value, TableModel):
         return {"t": "table_model", "v": tag(value.table)}
+    if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
+        dtype = np.dtype(value)  # a dtype argument (dtype=np.float32): its string, and whether it was the class
+        if dtype.kind not in KINDS:
+            raise TypeError(f"the dtype {dtype} cannot be sent: only bool, int and float dtypes")
+        return {"t": "dtype", "v": dtype.str, "class": isinstance(value, type)}
     raise TypeError(f"a {type(value).__module__}.{type(value).__qualname__} cannot be sent: "
                     "only numbers, strings, NumPy arrays, and tuples, lists and dicts of them")
 
@@ -111,6 +117,11 @@ def untag(data, rebuild=None):
         return tuple(items) if kind == "tuple" else items
     if kind == "dict":
         return {str(k): untag(v, rebuild) for k, v in data["v"]}
+    if kind == "dtype":
+        dtype = np.dtype(str(data["v"]))
+        if dtype.kind not in KINDS:
+            raise TypeError(f"a dtype {dtype} was sent")
+        return dtype.type if data.get("class") else dtype
     if kind == "table_model":
         return (rebuild or TableModel)(untag(data["v"]))
     raise TypeError(f"unknown kind of value {kind!r}")

@@ -1,7 +1,7 @@
 """Measure what a language model of the corpus must beat, and store the table in the package.
 
-    .venv/bin/python tools/corpus_baselines.py           # write src/mha/text/data/baselines.json
-    .venv/bin/python tools/corpus_baselines.py --check   # recompute, compare with the stored table
+    .venv/bin/python -m tools.data.corpus_baselines           # write src/mha/text/data/baselines.json
+    .venv/bin/python -m tools.data.corpus_baselines --check   # recompute, compare with the stored table
 
 Every row is on the test split of `mha.text.load_splits()` (200 000 characters), in bits per
 character: uniform, unigram and bigram models of the training text, and gzip, bzip2, xz and
@@ -21,7 +21,7 @@ from mha.text import baselines
 def measure():
     """The table to store: library versions, sizes, and the rows of `baselines.reference_table`."""
     splits = load_splits()
-    return {"description": "Bits per character of mha.text's test split (tools/corpus_baselines.py).",
+    return {"description": "Bits per character of mha.text's test split (tools/data/corpus_baselines.py).",
             "versions": baselines.library_versions(),
             "characters": {name: len(text) for name, text in splits.items()},
             "rows": baselines.reference_table(splits)}

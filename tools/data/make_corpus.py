@@ -1,8 +1,8 @@
 """Rebuild the text corpus that `mha.text` reads: CPython 3.11.7's Lib/*.py in one archive.
 
-    .venv/bin/python tools/make_corpus.py                      # write src/mha/text/data/
-    .venv/bin/python tools/make_corpus.py --check              # rebuild in memory, compare bytes
-    .venv/bin/python tools/make_corpus.py --source DIR         # another copy of Lib/
+    .venv/bin/python -m tools.data.make_corpus                      # write src/mha/text/data/
+    .venv/bin/python -m tools.data.make_corpus --check              # rebuild in memory, compare bytes
+    .venv/bin/python -m tools.data.make_corpus --source DIR         # another copy of Lib/
 
 The source is the top level of the standard library of the python.org CPython 3.11.7 source
 release (here pyenv's build of it, /root/.pyenv/versions/3.11.7/lib/python3.11): its 168 `*.py`
@@ -25,7 +25,7 @@ from pathlib import Path
 
 VERSION = "3.11.7"
 DEFAULT_SOURCE = Path(f"/root/.pyenv/versions/{VERSION}/lib/python3.11")
-DATA = Path(__file__).resolve().parent.parent / "src" / "mha" / "text" / "data"
+DATA = Path(__file__).resolve().parents[2] / "src" / "mha" / "text" / "data"
 ARCHIVE_NAME = f"cpython-{VERSION}-Lib.tar.xz"
 MEMBER_PREFIX = "Lib/"
 RELEASE_MTIME = 1701648000  # 2023-12-04 00:00 UTC, the day CPython 3.11.7 was released

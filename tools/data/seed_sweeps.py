@@ -1,8 +1,8 @@
 """Run the chapters' seed sweeps and store their tables in src/mha/experiments/seed_tables/.
 
-    .venv/bin/python tools/seed_sweeps.py --list             # every registered sweep
-    .venv/bin/python tools/seed_sweeps.py ch12_sharing       # run one sweep, write its table
-    .venv/bin/python tools/seed_sweeps.py --all --jobs 2     # every sweep, two processes
+    .venv/bin/python -m tools.data.seed_sweeps --list             # every registered sweep
+    .venv/bin/python -m tools.data.seed_sweeps ch12_sharing       # run one sweep, write its table
+    .venv/bin/python -m tools.data.seed_sweeps --all --jobs 2     # every sweep, two processes
 
 A sweep is registered in `mha.experiments` with `@seeds.sweep` (see mha/experiments/seeds.py).
 Every row is computed under PyTorch's generic kernels with one thread (seeds.GENERIC_KERNELS):
@@ -31,6 +31,11 @@ def import_every_experiment():
 
 def generic_kernels_set():
     return all(os.environ.get(k) == v for k, v in seeds.GENERIC_KERNELS.items())
+
+
+def restart_under_generic_kernels(module):
+    """Run `python -m module` again with this process's arguments, under the generic kernels (never returns)."""
+    os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], {**os.environ, **seeds.GENERIC_KERNELS})
 
 
 def run_sweep(sweep, jobs):
@@ -68,5 +73,5 @@ def main(argv):
 
 if __name__ == "__main__":
     if not generic_kernels_set():  # re-start with the kernels every stored table is made under
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **seeds.GENERIC_KERNELS})
+        restart_under_generic_kernels(__spec__.name)
     sys.exit(main(sys.argv[1:]))

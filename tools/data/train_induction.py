@@ -1,29 +1,28 @@
 """Retrain the small Transformer that chapter 11 reads, and its table over seeds; store both in the package.
 
-    .venv/bin/python tools/train_induction.py           # train, then write src/mha/experiments/induction_model.npz
-    .venv/bin/python tools/train_induction.py --check   # train again, and compare with the stored weights
-    .venv/bin/python tools/train_induction.py --seeds   # train every seed of the table, and write
+    .venv/bin/python -m tools.data.train_induction           # train, then write src/mha/experiments/induction_model.npz
+    .venv/bin/python -m tools.data.train_induction --check   # train again, and compare with the stored weights
+    .venv/bin/python -m tools.data.train_induction --seeds   # train every seed of the table, and write
                                                         # src/mha/experiments/seed_tables/ch11_knockouts.json
 
 The training is seeded (the random start, every batch) and runs on one thread, under PyTorch's
-generic kernels (this script re-starts itself with them, as tools/seed_sweeps.py does): it gives
+generic kernels (this script re-starts itself with them, as tools/data/seed_sweeps.py does): it gives
 the same weights bit for bit on every machine. The shipped model is seed 0 of the table
 (`induction.knock_outs_over_seeds`), trained for the same SHIPPED_STEPS, so the table's first
 row is what the chapter reads from the stored weights. Under another CPU's own kernels, training
 amplifies rounding: the weights differ a little, the claims do not (tests/test_claims_ch11.py
 asserts them on every row of the table). The chapter reads the stored weights in float64.
-`--seeds` is the same as `tools/seed_sweeps.py ch11_knockouts`; `--jobs 2` runs two seeds at once.
+`--seeds` is the same as `tools/data/seed_sweeps.py ch11_knockouts`; `--jobs 2` runs two seeds at once.
 """
 
 import argparse
-import os
 import sys
 
 import numpy as np
 import torch
 
-import seed_sweeps  # tools/seed_sweeps.py, beside this script
 from mha.experiments import induction, seeds
+from tools.data import seed_sweeps
 
 SEED, STEPS = 0, induction.SHIPPED_STEPS
 TABLE = "ch11_knockouts"
@@ -62,5 +61,5 @@ def main(argv):
 
 if __name__ == "__main__":
     if not seed_sweeps.generic_kernels_set():  # re-start with the kernels of the stored table
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **seeds.GENERIC_KERNELS})
+        seed_sweeps.restart_under_generic_kernels(__spec__.name)
     sys.exit(main(sys.argv[1:]))

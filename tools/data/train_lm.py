@@ -1,10 +1,10 @@
 """Train chapter 14's language models on the CPython standard library, from scratch.
 
-    python tools/train_lm.py --preset char          # the shipped character model
-    python tools/train_lm.py --preset bpe           # the shipped BPE model
-    python tools/train_lm.py --preset seeds         # the smaller run, on seeds 0 .. 4 (the claims table)
-    python tools/train_lm.py --preset char --resume # carry on from the last checkpoint
-    torchrun --nproc_per_node 2 tools/train_lm.py --preset char   # the same run, DistributedDataParallel
+    python -m tools.data.train_lm --preset char          # the shipped character model
+    python -m tools.data.train_lm --preset bpe           # the shipped BPE model
+    python -m tools.data.train_lm --preset seeds         # the smaller run, on seeds 0 .. 4 (the claims table)
+    python -m tools.data.train_lm --preset char --resume # carry on from the last checkpoint
+    torchrun --nproc_per_node 2 -m tools.data.train_lm --preset char   # the same run, DistributedDataParallel
 
 Each run writes its weights, tokenizer, loss curve and measured results into
 src/mha/text/trained/<run>/ (the seeds run: src/mha/text/trained/seeds.json), where the
@@ -33,7 +33,7 @@ from mha.experiments.writing import (
 )
 from mha.text.training import save_model, train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINTS = ROOT / ".cache" / "train_lm"
 
 

@@ -12,11 +12,11 @@ the peak memory of a case that bounds it, here measured by the grader from outsi
 import numpy as np
 
 import mha.checks  # noqa: F401 - every chapter's checks, registered
-from grading import wire
-from grading.sandbox import LimitReached
 from mha.checks import registry
 from mha.checks.ch11 import ToyLanguageModel
 from mha.checks.compare import describe_case
+from tools.grading import wire
+from tools.grading.sandbox import LimitReached
 
 
 def registered(check_name):

@@ -1,10 +1,10 @@
 """The grades, as Gradescope and an LMS (Canvas, Moodle) read them.
 
-    python tools/grading/exports.py gradescope GRADES_JSON RESULTS_JSON [--manifest EXERCISES_JSON] [--note TEXT]
-    python tools/grading/exports.py choose SUBMISSION_DIR EXERCISES_JSON --refusal RESULTS_JSON
-    python tools/grading/exports.py lms GRADES_JSON --roster ROSTER_CSV --out DIR [--lms-column NAME] [--maximum POINTS]
+    python -m tools.grading.exports gradescope GRADES_JSON RESULTS_JSON [--manifest EXERCISES_JSON] [--note TEXT]
+    python -m tools.grading.exports choose SUBMISSION_DIR EXERCISES_JSON --refusal RESULTS_JSON
+    python -m tools.grading.exports lms GRADES_JSON --roster ROSTER_CSV --out DIR [--lms-column NAME] [--maximum POINTS]
 
-Both read the rows of `grades.json` that tools/grade.py writes (one per student and
+Both read the rows of `grades.json` that tools/grading/grade.py writes (one per student and
 check: student, exercise, check, passed, message, points, max_points, chapter, and
 any further field, which is kept where it helps and otherwise ignored).
 
@@ -19,7 +19,7 @@ notebook), "visibility": "visible", and "tests", one per check, each with "name"
 `<lambda>` is shown as written rather than read as HTML. A row's `seed`, if it has
 one, goes into the test's "extra_data".
 
-One submission is graded for ONE assignment (tools/handout_manifest.py: a chapter, or
+One submission is graded for ONE assignment (tools/publishing/handout_manifest.py: a chapter, or
 exercises of one chapter), which the autograder's exercises.json records. Given it
 (`assignment`, or `--manifest`), the conversion keeps only the rows of the assignment's
 exercises, and the score never exceeds the assignment's maximum, whatever the rows hold.
@@ -49,12 +49,12 @@ The roster is a CSV file with a header row and one row per notebook:
     ada,ada.lovelace,"Lovelace, Ada",Tuesday
     bob/05_fused_heads_and_masks,bob.jones,,
 
-- `notebook` (required): the student as tools/grade.py names them, the notebook's path
+- `notebook` (required): the student as tools/grading/grade.py names them, the notebook's path
   within the folder that holds all the submissions, without `.ipynb`;
 - `lms_id` (required): the identifier the LMS matches on (Canvas's SIS Login ID, or
   the Moodle field you map it to). Several notebooks may share one `lms_id` (one
   student, several chapters): their points are added up, but never beyond `maximum`
-  (`--maximum`; tools/grade.py gives the assignment's points when it grades one), with a
+  (`--maximum`; tools/grading/grade.py gives the assignment's points when it grades one), with a
   `SeveralSubmissions` warning naming whom it cut;
 - `name` and `section` (optional): Canvas's "Student" and "Section" columns.
 
@@ -73,10 +73,6 @@ import tempfile
 import warnings
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-
-TOOLS = Path(__file__).resolve().parent.parent  # handout_manifest, when run as a script
-if str(TOOLS) not in sys.path:
-    sys.path.append(str(TOOLS))
 
 VISIBLE = "visible"
 CANVAS_IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
@@ -144,7 +140,7 @@ def assignment_rows(rows, assignment):
 
 def gradescope_results(rows, note="", assignment=None):
     """Gradescope's results.json (a dict) for one submission: its rows of grades.json. `assignment`
-    (tools/handout_manifest.py's dict, with "exercises" and "max_points"): only the rows of its exercises
+    (tools/publishing/handout_manifest.py's dict, with "exercises" and "max_points"): only the rows of its exercises
     count, and the score is at most its maximum."""
     rows = as_dicts(rows)
     notes = [note] if note else []
@@ -213,7 +209,7 @@ def refusal_results(message, manifest=None, assignment=None):
     """results.json giving 0 points and saying why: one failed test per check of the assignment, if any."""
     tests = []
     if assignment is not None:
-        from handout_manifest import assignment_checks
+        from tools.publishing.handout_manifest import assignment_checks
         tests = [{"name": f"{label}: {check}", "score": 0, "max_score": tidy(points), "status": "failed",
                   "output": message, "visibility": VISIBLE}
                  for label, check, points in assignment_checks(manifest, assignment)]
@@ -320,7 +316,7 @@ def read_rows(path):
 
 
 def arguments(argv):
-    parser = argparse.ArgumentParser(description="The grades of tools/grade.py, as Gradescope and an LMS read them.")
+    parser = argparse.ArgumentParser(description="The grades of tools/grading/grade.py, as Gradescope and an LMS read them.")
     commands = parser.add_subparsers(dest="command", required=True)
     gradescope = commands.add_parser("gradescope", help="grades.json of one submission -> Gradescope's results.json")
     gradescope.add_argument("grades_json")

@@ -1,8 +1,8 @@
 """Grade student notebooks with the automatic checks.
 
-    .venv/bin/python tools/grade.py submissions/*.ipynb
-    .venv/bin/python tools/grade.py --manifest _handout/student/exercises.json --out grades/ submissions/*.ipynb
-    .venv/bin/python tools/grade.py --assignment 15 submissions/*.ipynb
+    .venv/bin/python -m tools.grading.grade submissions/*.ipynb
+    .venv/bin/python -m tools.grading.grade --manifest _handout/student/exercises.json --out grades/ submissions/*.ipynb
+    .venv/bin/python -m tools.grading.grade --assignment 15 submissions/*.ipynb
 
 The checks expected of each notebook come from the handout's list of exercises
 (`_handout/student/exercises.json`, written by `make handout`), never from what
@@ -11,7 +11,7 @@ process, on the student's function, which runs in a separate, sandboxed worker
 that only returns plain data (tools/grading/ says how); a check cell that was
 printed over, renamed, edited or removed counts as failed and is named.
 
---assignment (tools/handout_manifest.py): what one grade is given for, a chapter (`15`,
+--assignment (tools/publishing/handout_manifest.py): what one grade is given for, a chapter (`15`,
 `15_heads_across_devices`) or exercises of one chapter by their labels, comma-separated.
 Given one, every notebook is graded for it alone: only its checks, and a notebook of
 another chapter (or none) gets one failed row per check of the assignment, 0 of its
@@ -34,7 +34,7 @@ Prints, per student, every check with every failure in full (hint included),
 and writes `grades.csv` and `grades.json` (one row per student and check:
 student, exercise, check, passed, message, points, max_points, chapter) into
 --out (default: the current folder). Points come from the list of exercises
-(tools/handout_manifest.py). Notebooks are graded in parallel (--jobs), with a
+(tools/publishing/handout_manifest.py). Notebooks are graded in parallel (--jobs), with a
 progress bar on stderr. Exit code 0 when every check of every notebook passed.
 """
 
@@ -52,11 +52,11 @@ from multiprocessing.connection import wait as wait_for
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from grading.notebook import Row, grade_notebook
-from grading.sandbox import ISOLATION, Limits
-from handout_manifest import assignment_checks, assignment_manifest, chapter_stem, find_assignment, read_manifest
+from tools.grading.notebook import Row, grade_notebook
+from tools.grading.sandbox import ISOLATION, Limits
+from tools.publishing.handout_manifest import assignment_checks, assignment_manifest, chapter_stem, find_assignment, read_manifest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "_handout" / "student" / "exercises.json"
 FIELDS = [f.name for f in fields(Row)]
 GRADER_MEMORY = 3 * 2**30  # the grader's own process for one notebook (the cases, the answers, the replies)
@@ -226,7 +226,7 @@ def chosen_assignment(manifest, spec):
 def wrong_notebook(path, manifest, assignment):
     """Why the notebook at `path` is not the assignment's (a sentence for the student), or None. A notebook
     that cannot be read is left to the grader, whose row says so."""
-    from grading.notebook import chapter_of
+    from tools.grading.notebook import chapter_of
     import nbformat
     try:
         notebook = nbformat.read(path, as_version=4)
@@ -320,7 +320,7 @@ def main(argv):
     csv_path, json_path = write_grades(rows, args.out)
     print(f"\ngrades: {csv_path}, {json_path}")
     if args.roster:
-        from grading.exports import write_lms_totals
+        from tools.grading.exports import write_lms_totals
         try:
             path = write_lms_totals(rows, args.roster, args.out, lms_column(args.lms_column, assignment),
                                     assignment["max_points"] if assignment else None)

@@ -1,8 +1,8 @@
 """Make the Gradescope autograder of ONE assignment: `_build/gradescope/<assignment>/autograder.zip`.
 
-    make gradescope ASSIGNMENT=15    # or: .venv/bin/python tools/make_gradescope.py --assignment 15 [ZIP_PATH]
+    make gradescope ASSIGNMENT=15    # or: .venv/bin/python -m tools.grading.make_gradescope --assignment 15 [ZIP_PATH]
 
-The assignment is what one grade is given for (tools/handout_manifest.py): a chapter, by its
+The assignment is what one grade is given for (tools/publishing/handout_manifest.py): a chapter, by its
 number (`15`) or its notebook's stem (`15_heads_across_devices`), or exercises of one chapter
 named by their labels, comma-separated (`ex-ch5-split-merge,ex-ch5-multihead`; labels of
 several chapters are refused: one assignment is one notebook). There is no default: a zip
@@ -22,16 +22,16 @@ every submission, which must leave /autograder/results/results.json behind
                     any other notebook is named in the report and not graded), else the
                     only notebook submitted (tools/grading/exports.py's `choose`). Several
                     notebooks none of which has that name, two of that name, or none at
-                    all: 0 points and the reason. It grades the notebook with tools/grade.py
+                    all: 0 points and the reason. It grades the notebook with tools/grading/grade.py
                     (the assignment's checks alone; a notebook of another chapter scores 0,
                     and is named) and turns grades.json into results.json, whose score is at
                     most the assignment's maximum. It always writes a valid results.json,
                     score 0 with the reason when the grader failed. Its root is
                     $AUTOGRADER_ROOT (default /autograder), so that a test can run it in a folder;
-  exercises.json    the handout's list of exercises (tools/make_handout.py), recording the
+  exercises.json    the handout's list of exercises (tools/publishing/make_handout.py), recording the
                     assignment under "assignment" (its name, notebook, exercises and
-                    max_points), which tools/grade.py then grades by default;
-  grading_secret    the assignment's secret, which seeds the random cases (tools/grade.py's
+                    max_points), which tools/grading/grade.py then grades by default;
+  grading_secret    the assignment's secret, which seeds the random cases (tools/grading/grade.py's
                     --secret), when one is given: MHA_GRADING_SECRET at build time;
   pyproject.toml, requirements.txt, README.md, src/mha/, tools/
                     what grading needs: the library, the grader, and what installs them.
@@ -49,10 +49,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "_build" / "gradescope"
-FILES = ["pyproject.toml", "requirements.txt", "README.md"]  # pyproject's `readme` must exist for pip
-FOLDERS = ["src/mha", "tools"]
+FILES = ["pyproject.toml", "requirements.txt", "README.md", "tools/__init__.py"]  # pyproject's `readme` must exist for pip
+FOLDERS = ["src/mha", "tools/grading", "tools/publishing"]  # the grader and the handout's manifest it reads
 # "trained": chapter 14's stored language models (6 MB), which no check reads.
 SKIPPED = {"__pycache__", ".ipynb_checkpoints", "trained"}
 TORCH = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
@@ -81,8 +81,9 @@ RUN_AUTOGRADER = """\
 # Gradescope runs this on every submission. Layout under $AUTOGRADER_ROOT (default /autograder):
 #   source/ (the zip's contents), submission/ (the student's files), results/results.json (written here).
 set -u
-ROOT="${AUTOGRADER_ROOT:-/autograder}"
+ROOT="$(realpath "${AUTOGRADER_ROOT:-/autograder}")"
 SOURCE="$ROOT/source"
+cd "$SOURCE" || exit 1   # the tools run as modules of the zip's root: python3 -m tools.grading.grade
 RESULTS="$ROOT/results/results.json"
 mkdir -p "$ROOT/results"
 if [ -x "$ROOT/venv/bin/python3" ]; then PATH="$ROOT/venv/bin:$PATH"; fi   # setup.sh made it
@@ -97,7 +98,7 @@ give_zero() {   # $1: why, shown to the student (plain text, no quotes or backsl
   exit 0
 }
 
-CHOSEN="$(python3 "$SOURCE/tools/grading/exports.py" choose "$ROOT/submission" "$SOURCE/exercises.json" \\
+CHOSEN="$(python3 -m tools.grading.exports choose "$ROOT/submission" "$SOURCE/exercises.json" \\
   --refusal "$RESULTS")"
 status=$?
 [ "$status" -ne 3 ] || exit 0   # nothing to grade: results.json says why, with 0 points
@@ -108,13 +109,13 @@ echo "$NOTE"
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-python3 "$SOURCE/tools/grade.py" --manifest "$SOURCE/exercises.json" --out "$WORK" "$NOTEBOOK"
+python3 -m tools.grading.grade --manifest "$SOURCE/exercises.json" --out "$WORK" "$NOTEBOOK"
 status=$?   # 1: some check failed, which is a grade, not an error
 echo "grade.py exited with $status"
 STOPPED="The grader stopped before it could grade this submission (exit code $status)."
 [ -s "$WORK/grades.json" ] \\
   || give_zero "$STOPPED Check that you submitted the assignment's notebook (.ipynb); if you did, tell your instructor."
-python3 "$SOURCE/tools/grading/exports.py" gradescope "$WORK/grades.json" "$RESULTS" \\
+python3 -m tools.grading.exports gradescope "$WORK/grades.json" "$RESULTS" \\
   --manifest "$SOURCE/exercises.json" --note "$NOTE" \\
   || give_zero "The grader could not write its results for this submission: tell your instructor."
 """
@@ -154,19 +155,19 @@ def default_zip(assignment):
 
 
 def make_autograder(zip_path=None, manifest=None, secret=None, *, assignment):
-    """Write the autograder's zip of `assignment` (tools/handout_manifest.py: a chapter's number or stem, or
+    """Write the autograder's zip of `assignment` (tools/publishing/handout_manifest.py: a chapter's number or stem, or
     labels of one chapter's exercises, comma-separated) to `zip_path` (default: default_zip); its path.
     `manifest`: an exercises.json to ship (default: a fresh handout's, made here without its website), with
     the assignment recorded in it; `secret`: the assignment's secret (default: the environment's
     MHA_GRADING_SECRET; none: grade.py says so in its report). ValueError: an assignment that names
     nothing gradable, or a zip path that is not a new .zip or an autograder's zip (nothing overwritten)."""
-    from handout_manifest import find_assignment, with_assignment, write_manifest
-    from make_handout import make_handout
-    from output_folder import file_refusal
+    from tools.publishing.handout_manifest import find_assignment, with_assignment, write_manifest
+    from tools.publishing.make_handout import make_handout
+    from tools.publishing.output_folder import file_refusal
     secret = secret or os.environ.get("MHA_GRADING_SECRET")
     refused = lambda path: file_refusal(path, ".zip", zip_is_ours)  # noqa: E731
     if zip_path is not None and refused(zip_path):  # before the minutes of a handout
-        raise ValueError(f"tools/make_gradescope.py refuses to write {zip_path}: {refused(zip_path)}. "
+        raise ValueError(f"tools/grading/make_gradescope.py refuses to write {zip_path}: {refused(zip_path)}. "
                          "Nothing was overwritten.")
     with tempfile.TemporaryDirectory() as scratch:
         if manifest is None:
@@ -177,7 +178,7 @@ def make_autograder(zip_path=None, manifest=None, secret=None, *, assignment):
         zip_path = Path(zip_path) if zip_path is not None else default_zip(chosen)
         why = refused(zip_path)
         if why:
-            raise ValueError(f"tools/make_gradescope.py refuses to write {zip_path}: {why}. Nothing was overwritten.")
+            raise ValueError(f"tools/grading/make_gradescope.py refuses to write {zip_path}: {why}. Nothing was overwritten.")
         shipped = Path(scratch) / "exercises.json"
         write_manifest(with_assignment(full, chosen), shipped)
         zip_path.parent.mkdir(parents=True, exist_ok=True)

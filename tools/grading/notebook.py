@@ -9,7 +9,7 @@ runs the student's code:
 2. the student's code runs in a worker (grading/sandbox.py): for each group of
    checks that switch off the same library functions, a fresh worker runs only the
    statements that define the exercises' functions and what they use
-   (tools/notebook_slice.py), in a student edition of mha with those functions
+   (tools/grading/notebook_slice.py), in a student edition of mha with those functions
    switched off, and nothing else of the library;
 3. the grader draws each check's cases (grading/cases.py: the named ones, and random
    ones seeded from the assignment's secret, the student, the check and the code),
@@ -18,7 +18,7 @@ runs the student's code:
    type, dtype and shape, the values, the inputs left unchanged, and the peak memory
    where a case bounds it (measured from outside the worker);
 4. a check passes when it passes there AND its check cell is the handout's
-   (tools/check_cells.py): a check cell printed over, renamed, edited or removed
+   (tools/grading/check_cells.py): a check cell printed over, renamed, edited or removed
    counts as failed, and the report says which, and what the check says.
 
 If the slice raises an error, or a function is missing or meets a NameError (the
@@ -37,11 +37,11 @@ from pathlib import Path
 
 import nbformat
 
-from check_cells import tampered_checks
-from grading import cases
-from grading.sandbox import Limits, LimitReached, Worker
-from handout_manifest import checked_exercises
-from notebook_slice import code_binding, statements
+from tools.grading import cases
+from tools.grading.check_cells import tampered_checks
+from tools.grading.notebook_slice import code_binding, statements
+from tools.grading.sandbox import Limits, LimitReached, Worker
+from tools.publishing.handout_manifest import checked_exercises
 
 LABEL = re.compile(r"^:label: (\S+)", re.M)
 

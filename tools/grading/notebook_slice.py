@@ -1,6 +1,6 @@
 """The code of a notebook that a set of names depends on, statement by statement.
 
-tools/grade.py runs a student's functions without running the whole chapter
+tools/grading/grade.py runs a student's functions without running the whole chapter
 (training a model, timing loops, importing what the function never uses): only
 the top-level statements that bind those names, then the statements that bind
 the names those statements read, and so on, in notebook order. The names come
@@ -10,7 +10,7 @@ function's parameters and local variables are not taken for global names.
 What a slice can miss: a name bound where no symbol table sees it (`exec`,
 `globals()[...]`, a star import), and side effects of the statements it leaves
 out (`sys.path.insert`, `os.chdir`, draws from a random generator). Grading
-then runs the whole notebook instead (see tools/grading.py).
+then runs the whole notebook instead (see tools/grading/notebook.py).
 """
 
 import ast
@@ -93,6 +93,6 @@ def statement_units(cells):
 
 if __name__ == "__main__":  # a module, not a command: `--help` says so, and nothing runs
     import argparse
-    SAID = "A module of tools/grade.py (tools/grading/notebook.py), which imports it: it has no command of its own."
+    SAID = "A module of tools/grading/grade.py (tools/grading/notebook.py), which imports it: it has no command of its own."
     argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=SAID).parse_args()
-    print(f"tools/notebook_slice.py: {SAID}")
+    print(f"tools/grading/notebook_slice.py: {SAID}")

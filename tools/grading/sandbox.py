@@ -45,8 +45,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grading import resources, seccomp, student_edition, wire
-from grading.bubblewrap import SANDBOX, bubblewrap_command, bubblewrap_works, closed_to_others  # noqa: F401
+from tools.grading import resources, seccomp, student_edition, wire
+from tools.grading.bubblewrap import SANDBOX, bubblewrap_command, bubblewrap_works, closed_to_others  # noqa: F401
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

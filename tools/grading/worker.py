@@ -38,6 +38,8 @@ import sys
 
 import numpy as np
 
+# worker.py runs as a script in the sandbox's folder, where sandbox.py copied these two beside it: the
+# script's own folder is the first entry of its path (no tools package there, nor any edit of sys.path).
 import seccomp
 import wire
 

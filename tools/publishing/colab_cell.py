@@ -1,8 +1,8 @@
 """Write the Colab install cell, the first code cell of every chapter, from _config.yml.
 
-    python tools/colab_cell.py                  # insert or update it in every chapter
-    python tools/colab_cell.py book/07_*.ipynb  # only in these notebooks
-    python tools/colab_cell.py --check          # change nothing; exit 1 naming stale notebooks
+    python -m tools.publishing.colab_cell                  # insert or update it in every chapter
+    python -m tools.publishing.colab_cell book/07_*.ipynb  # only in these notebooks
+    python -m tools.publishing.colab_cell --check          # change nothing; exit 1 naming stale notebooks
 
 The repository address and branch are written in one place, `repository.url` and
 `repository.branch` in _config.yml. The cell installs the `mha` library from
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TAG = "colab-install"
 TAGS = ["remove-input", TAG]
 CELL_ID = "colab-install"
@@ -149,7 +149,7 @@ def main(argv):
             stale.append(path.relative_to(ROOT))
             if not check:
                 nbformat.write(notebook, path)
-    verb = "missing or out of date (run `python tools/colab_cell.py`, then re-execute)" if check else "written"
+    verb = "missing or out of date (run `python -m tools.publishing.colab_cell`, then re-execute)" if check else "written"
     for path in stale:
         print(f"{path}: Colab install cell {verb}")
     return 1 if check and stale else 0

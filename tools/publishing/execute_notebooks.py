@@ -1,7 +1,7 @@
 """Re-execute the book's notebooks in place and store their fresh outputs.
 
     make notebooks                                   # every chapter
-    .venv/bin/python tools/execute_notebooks.py book/01_weighted_average.ipynb
+    .venv/bin/python -m tools.publishing.execute_notebooks book/01_weighted_average.ipynb
 
 Runs with PYTHONHASHSEED=0 (set by the Makefile) so that stored outputs are the
 ones nbval will see. Prints how long each notebook took.
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def execute(path):

@@ -1,6 +1,6 @@
-"""The handout's list of exercises: what tools/grade.py expects of every submission.
+"""The handout's list of exercises: what tools/grading/grade.py expects of every submission.
 
-tools/make_handout.py writes it to `_handout/student/exercises.json`, from the
+tools/publishing/make_handout.py writes it to `_handout/student/exercises.json`, from the
 exercise directives of the chapters. Each exercise opens with
 
     :::{exercise} Title
@@ -21,12 +21,12 @@ Assignments (`find_assignment`): one grade is given for one assignment, which is
 chapter notebook: the whole chapter (`15` or `15_heads_across_devices`), or some of its
 exercises, named by their labels, comma-separated (`ex-ch5-split-merge,ex-ch5-multihead`;
 labels of several chapters are refused, as an assignment is one notebook). Its maximum is
-the points of its exercises that have automatic checks. tools/make_gradescope.py records
-the assignment in the exercises.json it ships (key "assignment"), and tools/grade.py then
+the points of its exercises that have automatic checks. tools/grading/make_gradescope.py records
+the assignment in the exercises.json it ships (key "assignment"), and tools/grading/grade.py then
 grades that assignment's checks alone.
 
-    python tools/handout_manifest.py                    # every chapter, its checks' points
-    python tools/handout_manifest.py --assignment 15    # what an assignment holds, its maximum
+    python -m tools.publishing.handout_manifest                    # every chapter, its checks' points
+    python -m tools.publishing.handout_manifest --assignment 15    # what an assignment holds, its maximum
 """
 
 import argparse
@@ -35,7 +35,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 EXERCISE = re.compile(r"^:{3,}\{exercise\}[^\n]*\n:label: (\S+)\n\n\*(\w+) · (★+☆*) ·([^*\n]*)\*", re.M)
 CHECK_NAME = re.compile(r"`(check_\w+)`")

@@ -1,18 +1,18 @@
 """Make the instructors' handout from the book's own sources.
 
-    make handout            # or: .venv/bin/python tools/make_handout.py [OUTPUT_DIR] [--no-html]
+    make handout            # or: .venv/bin/python -m tools.publishing.make_handout [OUTPUT_DIR] [--no-html]
 
 Writes, under OUTPUT_DIR (default `_handout/`):
   student/   the students' copy of the course: the book with every solution
              removed (code exercises become a stub: signature, docstring,
              `raise NotImplementedError`, followed by their check; exercise
              outputs are cleared), the library, and `exercises.json`, the list
-             of exercises that tools/grade.py grades against
-             (tools/handout_manifest.py);
+             of exercises that tools/grading/grade.py grades against
+             (tools/publishing/handout_manifest.py);
   key/       the answer key: the chapter notebooks with their worked solutions;
   html/      the student book built as a website: no solution, no repository
              button, launch buttons only to the student repository named in
-             handout.yml (tools/student_copy.py).
+             handout.yml (tools/publishing/student_copy.py).
 
 How a chapter marks its exercises (see the instructors' page of the book):
   - an `{exercise}` directive (colon fence) states the task;
@@ -22,7 +22,7 @@ How a chapter marks its exercises (see the instructors' page of the book):
   - a solution without code may instead be a `{solution}` directive block.
 
 What it deletes: OUTPUT_DIR is deleted and written again only when it is new, empty, or
-made by an earlier run, which left the marker file `.mha-handout` in it (tools/output_folder.py).
+made by an earlier run, which left the marker file `.mha-handout` in it (tools/publishing/output_folder.py).
 Any other folder, and any path inside the course repository but `_handout/`, is refused
 (exit 1, the folder named, nothing deleted): `make_handout.py book` deletes nothing.
 """
@@ -37,11 +37,11 @@ import sys
 from pathlib import Path
 
 
-from handout_manifest import build_manifest, write_manifest
-from output_folder import FolderRefused, claim
-from student_copy import set_install_cell, student_repository, write_student_copy
+from tools.publishing.handout_manifest import build_manifest, write_manifest
+from tools.publishing.output_folder import FolderRefused, claim
+from tools.publishing.student_copy import set_install_cell, student_repository, write_student_copy
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "_handout"
 MARKER = ".mha-handout"
 EARLIER_HANDOUT = ("student", "key", "html", "nbgrader")  # what _handout/ held before markers
@@ -118,7 +118,7 @@ def make_handout(output, build_html=True, repository=FROM_SETTINGS):
     handout's to write (see the module's docstring)."""
     import nbformat  # here, not above: `--help` is answered without it
     repository = student_repository() if repository == FROM_SETTINGS else repository
-    output = claim(output, MARKER, "tools/make_handout.py", default=DEFAULT, known=EARLIER_HANDOUT)
+    output = claim(output, MARKER, "tools/publishing/make_handout.py", default=DEFAULT, known=EARLIER_HANDOUT)
     student, key = output / "student", output / "key"
     student.mkdir(parents=True)
     key.mkdir()

@@ -1,7 +1,7 @@
 """The whole book as one PDF: `make pdf` writes _build/pdf/book.pdf.
 
-    python tools/make_pdf.py                    # build the site offline, then print it
-    python tools/make_pdf.py --site DIR         # print a site already built in DIR
+    python -m tools.publishing.make_pdf                    # build the site offline, then print it
+    python -m tools.publishing.make_pdf --site DIR         # print a site already built in DIR
 
 The route: the HTML site, built with MathJax served by the site itself
 (book/_ext/offline_site.py), is printed page by page, in the order of _toc.yml, by
@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 from pypdf import PdfWriter
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "_build" / "pdf" / "book.pdf"
 CHROMIUM = "/usr/bin/chromium"
 MATHJAX = ROOT / ".cache" / "mathjax" / "node_modules" / "mathjax" / "es5"  # what `make browser` installs
@@ -150,7 +150,7 @@ def main(args):
     parser.add_argument("--site", type=Path, help="an offline build of the site to print")
     parser.add_argument("--output", type=Path, default=OUTPUT)
     options = parser.parse_args(args)
-    from output_folder import file_refusal
+    from tools.publishing.output_folder import file_refusal
     why = file_refusal(options.output, ".pdf", lambda path: path.read_bytes()[:5] == b"%PDF-")
     if why:
         parser.error(f"--output: {why}; nothing was overwritten")

@@ -1,6 +1,6 @@
 """Write the chapters' exercises as nbgrader assignments (the "source" version).
 
-    make handout            # or: .venv/bin/python tools/nbgrader_source.py [OUTPUT_DIR]
+    make handout            # or: .venv/bin/python -m tools.publishing.nbgrader_source [OUTPUT_DIR]
 
 Writes OUTPUT_DIR/nbgrader/ (default `_handout/nbgrader/`), an nbgrader course
 directory: `nbgrader_config.py` and `source/chapterNN/NN_name.ipynb`, one
@@ -10,7 +10,7 @@ assignment per chapter. In each notebook, as nbgrader cell metadata (schema 3):
     docstring stay, the body sits between `### BEGIN SOLUTION` and
     `### END SOLUTION` (nbgrader puts `raise NotImplementedError()` there);
   - its check cell becomes one locked autograded test cell per check, which
-    share the exercise's points (the handout's rule, tools/handout_manifest.py:
+    share the exercise's points (the handout's rule, tools/publishing/handout_manifest.py:
     its stars, ★★☆ = 2, unless the exercise's metadata sets "points");
   - an exercise without checks (Predict, Experiment) gets a manually graded
     Markdown answer cell, worth its points, holding the worked solution's text
@@ -23,7 +23,7 @@ assignment per chapter. In each notebook, as nbgrader cell metadata (schema 3):
 What it deletes: OUTPUT_DIR/nbgrader/source/, and only when OUTPUT_DIR/nbgrader/ is new,
 empty, or made by an earlier run (it holds the marker `.mha-nbgrader`); any other folder,
 and any path inside the course repository but `_handout/nbgrader/`, is refused, nothing
-deleted (tools/output_folder.py). What else nbgrader keeps there (its gradebook, release/,
+deleted (tools/publishing/output_folder.py). What else nbgrader keeps there (its gradebook, release/,
 submitted/) stays.
 """
 
@@ -36,16 +36,16 @@ import sys
 from pathlib import Path
 
 
-from handout_manifest import EXERCISE, chapter_exercises
-from make_handout import ROOT, SOLUTION_BLOCK, is_marker, stub_for
-from output_folder import FolderRefused, claim
+from tools.publishing.handout_manifest import EXERCISE, chapter_exercises
+from tools.publishing.make_handout import ROOT, SOLUTION_BLOCK, is_marker, stub_for
+from tools.publishing.output_folder import FolderRefused, claim
 
 MARKER = ".mha-nbgrader"
 EARLIER_COURSE = ("nbgrader_config.py", "source")  # what _handout/nbgrader/ held before markers
 
 SOLUTION_START = re.compile(r"^:{3,}\{solution-start\} (\S+)", re.M)
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-CONFIG = '''"""nbgrader's settings for the course's assignments (written by tools/nbgrader_source.py)."""
+CONFIG = '''"""nbgrader's settings for the course's assignments (written by tools/publishing/nbgrader_source.py)."""
 
 c = get_config()  # noqa: F821, nbgrader provides it
 c.CourseDirectory.course_id = "multi-head-attention"
@@ -190,7 +190,7 @@ def write_nbgrader_source(output):
     """Write OUTPUT/nbgrader/: nbgrader_config.py and source/chapterNN/NN_name.ipynb. FolderRefused
     (nothing deleted) when OUTPUT/nbgrader/ is not this tool's to write (see the module's docstring)."""
     import nbformat  # here, not above: `--help` is answered without it
-    course = claim(Path(output) / "nbgrader", MARKER, "tools/nbgrader_source.py",
+    course = claim(Path(output) / "nbgrader", MARKER, "tools/publishing/nbgrader_source.py",
                    default=ROOT / "_handout" / "nbgrader", known=EARLIER_COURSE, empty=False)
     shutil.rmtree(course / "source", ignore_errors=True)
     (course / "nbgrader_config.py").write_text(CONFIG)

@@ -2,13 +2,13 @@
 
 A tool writes only into a folder that is new, empty, or its own: one that holds the tool's
 marker file, which the tool writes into every folder it makes (`.mha-handout` for
-tools/make_handout.py, `.mha-nbgrader` for tools/nbgrader_source.py). Inside the course
+tools/publishing/make_handout.py, `.mha-nbgrader` for tools/publishing/nbgrader_source.py). Inside the course
 repository it writes only into its default folder (`_handout/`), which is git-ignored: a
 path such as `book` or `.` is refused, whatever it holds. Anything else is refused before
 anything is deleted, with an error that names the folder and says why (`FolderRefused`).
 A file the tool overwrites (a zip, a PDF) must be one of its own kind, or new.
 
-    python tools/output_folder.py --check DIR --marker .mha-handout   # would a tool write there?
+    python -m tools.publishing.output_folder --check DIR --marker .mha-handout   # would a tool write there?
 """
 
 import argparse
@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class FolderRefused(ValueError):

@@ -2,7 +2,7 @@
 
 The public book shows every solution (collapsed), its notebooks hold them, and
 its repository, Colab and Binder buttons open those notebooks. The copy that
-tools/make_handout.py writes to `_handout/student/` instead has:
+tools/publishing/make_handout.py writes to `_handout/student/` instead has:
 
 - a `_config.yml` with no repository, edit or issue button, and launch buttons
   (Colab, Binder) only when handout.yml names a student repository, pointing
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import yaml
 
-import colab_cell
+from tools.publishing import colab_cell
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = ROOT / "handout.yml"
 COPIED_FILES = ["_toc.yml", "pyproject.toml", "requirements.txt", "runtime.txt"]
 NO_LAUNCH_BUTTONS = {"binderhub_url": "", "jupyterhub_url": "", "colab_url": "", "deepnote_url": "", "thebe": False}
@@ -85,7 +85,7 @@ def write_student_copy(destination, repository):
     """The book's sources without notebooks, the library, and the files above, in `destination`."""
     for name in COPIED_FILES:
         shutil.copy(ROOT / name, destination / name)
-    header = "# Written by tools/make_handout.py from the course's _config.yml and handout.yml.\n"
+    header = "# Written by tools/publishing/make_handout.py from the course's _config.yml and handout.yml.\n"
     config = yaml.safe_dump(site_config(repository), sort_keys=False, allow_unicode=True)
     (destination / "_config.yml").write_text(header + config)
     (destination / "README.md").write_text(STUDENT_README)
@@ -108,6 +108,6 @@ def set_install_cell(notebook, destination, repository):
 
 if __name__ == "__main__":  # a module, not a command: `--help` says so, and nothing runs
     import argparse
-    SAID = "A module of tools/make_handout.py, which imports it: it has no command of its own."
+    SAID = "A module of tools/publishing/make_handout.py, which imports it: it has no command of its own."
     argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=SAID).parse_args()
-    print(f"tools/student_copy.py: {SAID}")
+    print(f"tools/publishing/student_copy.py: {SAID}")

@@ -52,6 +52,7 @@ from multiprocessing.connection import wait as wait_for
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from tools.grading.exports import tidy
 from tools.grading.notebook import Row, grade_notebook
 from tools.grading.sandbox import ISOLATION, Limits
 from tools.publishing.handout_manifest import assignment_checks, assignment_manifest, chapter_stem, find_assignment, read_manifest
@@ -195,11 +196,6 @@ def summary(rows):
             if not row.passed:
                 lines.append(indent(row.message, 10))
     return "\n".join(lines)
-
-
-def tidy(points):
-    """3 rather than 3.0, and 0.333 rather than 0.3333333333333333."""
-    return int(points) if float(points).is_integer() else round(points, 3)
 
 
 def write_grades(rows, folder):

@@ -84,6 +84,7 @@ def tampered_checks(cells, exercise):
 
 if __name__ == "__main__":  # a module, not a command: `--help` says so, and nothing runs
     import argparse
-    SAID = "A module of tools/grading/grade.py (tools/grading/notebook.py), which imports it: it has no command of its own."
+    SAID = ("A module of tools/grading/grade.py (tools/grading/notebook.py), which imports it: "
+            "it has no command of its own.")
     argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=SAID).parse_args()
     print(f"tools/grading/check_cells.py: {SAID}")

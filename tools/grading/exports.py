@@ -316,7 +316,8 @@ def read_rows(path):
 
 
 def arguments(argv):
-    parser = argparse.ArgumentParser(description="The grades of tools/grading/grade.py, as Gradescope and an LMS read them.")
+    parser = argparse.ArgumentParser(description="The grades of tools/grading/grade.py, as Gradescope and an LMS "
+                                     "read them.")
     commands = parser.add_subparsers(dest="command", required=True)
     gradescope = commands.add_parser("gradescope", help="grades.json of one submission -> Gradescope's results.json")
     gradescope.add_argument("grades_json")

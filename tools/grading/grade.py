@@ -55,7 +55,8 @@ from pathlib import Path
 from tools.grading.exports import tidy
 from tools.grading.notebook import Row, grade_notebook
 from tools.grading.sandbox import ISOLATION, Limits
-from tools.publishing.handout_manifest import assignment_checks, assignment_manifest, chapter_stem, find_assignment, read_manifest
+from tools.publishing.handout_manifest import (assignment_checks, assignment_manifest, chapter_stem, find_assignment,
+                                               read_manifest)
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "_handout" / "student" / "exercises.json"

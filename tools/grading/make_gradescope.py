@@ -51,7 +51,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "_build" / "gradescope"
-FILES = ["pyproject.toml", "requirements.txt", "README.md", "tools/__init__.py"]  # pyproject's `readme` must exist for pip
+FILES = ["pyproject.toml", "requirements.txt", "README.md",  # pyproject's `readme` must exist for pip
+         "tools/__init__.py"]
 FOLDERS = ["src/mha", "tools/grading", "tools/publishing"]  # the grader and the handout's manifest it reads
 # "trained": chapter 14's stored language models (6 MB), which no check reads.
 SKIPPED = {"__pycache__", ".ipynb_checkpoints", "trained"}
@@ -178,7 +179,8 @@ def make_autograder(zip_path=None, manifest=None, secret=None, *, assignment):
         zip_path = Path(zip_path) if zip_path is not None else default_zip(chosen)
         why = refused(zip_path)
         if why:
-            raise ValueError(f"tools/grading/make_gradescope.py refuses to write {zip_path}: {why}. Nothing was overwritten.")
+            raise ValueError(f"tools/grading/make_gradescope.py refuses to write {zip_path}: {why}. "
+                             "Nothing was overwritten.")
         shipped = Path(scratch) / "exercises.json"
         write_manifest(with_assignment(full, chosen), shipped)
         zip_path.parent.mkdir(parents=True, exist_ok=True)

@@ -149,7 +149,8 @@ def main(argv):
             stale.append(path.relative_to(ROOT))
             if not check:
                 nbformat.write(notebook, path)
-    verb = "missing or out of date (run `python -m tools.publishing.colab_cell`, then re-execute)" if check else "written"
+    verb = ("missing or out of date (run `python -m tools.publishing.colab_cell`, then re-execute)" if check
+            else "written")
     for path in stale:
         print(f"{path}: Colab install cell {verb}")
     return 1 if check and stale else 0

@@ -6,15 +6,13 @@ import functools
 import io
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import CHAPTERS as CHAPTER_PATHS, ROOT
 
-sys.path.insert(0, str(ROOT / "tools"))
-import make_pdf  # noqa: E402  (its local HTTP server)
+from tools.publishing import make_pdf  # its local HTTP server
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]

@@ -5,7 +5,6 @@ stored outputs; this file checks the other half: what the reader sees.
 """
 
 import re
-import sys
 from html.parser import HTMLParser
 
 import nbformat
@@ -164,8 +163,7 @@ def test_every_literalinclude_names_a_file_and_an_object_that_exist():
 def test_the_intro_counts_the_exercises_and_their_checks_exactly():
     """The intro's numbers are those of the chapters: every exercise, the checked Implement ones,
     and the Predict and Experiment ones graded by hand."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    from handout_manifest import chapter_exercises
+    from tools.publishing.handout_manifest import chapter_exercises
 
     exercises = [e for page in toc_files() if (ROOT / f"{page}.ipynb").exists()
                  for e in chapter_exercises(ROOT / f"{page}.ipynb")]

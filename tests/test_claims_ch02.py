@@ -1,7 +1,7 @@
 """Chapter 2's claims over seeds: every sentence about the trained models holds on every stored seed.
 
 The chapter trains seed 0 live and reads two stored sweeps of mha.experiments.tasks
-(tools/seed_sweeps.py made them under generic kernels): `ch02_previous_token`, symmetric
+(tools/data/seed_sweeps.py made them under generic kernels): `ch02_previous_token`, symmetric
 attention and a query-key head trained on the previous-token task, and `ch02_relations`, the
 exercise's three other tasks. One row of each is trained again here and must agree with the
 stored one within the sweep's tolerance. The cheap random draws (the random W and R of the

@@ -1,6 +1,6 @@
 """Chapter 10's claims over seeds: every sentence about the trained models holds on every stored seed.
 
-The chapter reads two stored sweeps of mha.experiments.positions (tools/seed_sweeps.py made them
+The chapter reads two stored sweeps of mha.experiments.positions (tools/data/seed_sweeps.py made them
 under generic kernels): `ch10_extrapolation`, the five models trained at length 16 (and the RoPE
 one read with dynamic NTK) tested at 8 to 128, and `ch10_mixed_lengths`, the exercise's models trained on lengths 8 to 16. Each test
 below names the sentence it holds up. One row of each sweep is trained again here and must agree

@@ -1,6 +1,6 @@
 """Chapter 11's claims over seeds: every sentence about a trained model, asserted on every stored seed.
 
-The table `ch11_knockouts` (tools/train_induction.py --seeds) holds ten models trained like the
+The table `ch11_knockouts` (tools/data/train_induction.py --seeds) holds ten models trained like the
 shipped one, seeds 0 to 9, read after 800 steps (the chapter's live training, keys "live_...") and
 after 2000 (the shipped model's steps). Seed 0 is the shipped model itself. The chapter prints
 the table; these tests assert its sentences, and its cells' asserts, on every row. Claims about

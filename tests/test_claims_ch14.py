@@ -5,7 +5,7 @@
   their files say, and the chapter's sentences about them (the curves, the table of bits per character, one
   distribution, the samples it prints, the heads, the Experiment on the nucleus, ex-ch14-nucleus) hold on the
   stored files and on the weights.
-- The general claims hold on every one of the 5 seeds of the smaller run that tools/train_lm.py --preset seeds
+- The general claims hold on every one of the 5 seeds of the smaller run that tools/data/train_lm.py --preset seeds
   trained and stored (seeds.json): it beats gzip and no stronger compressor, and grows no induction head.
 - The tiny run trained live in the chapter learns, and resumes exactly, on every one of 5 seeds.
 - The samples: the chapter's sentences about temperature and top-p hold on its own batch of 5 samples per

@@ -1,6 +1,6 @@
 """Chapters run in Google Colab: proven here without Colab.
 
-The first code cell of every chapter (written by tools/colab_cell.py from
+The first code cell of every chapter (written by tools/publishing/colab_cell.py from
 _config.yml) installs the `mha` library when, and only when, it runs in Colab.
 Tested: the stored cells are exactly what the tool writes from _config.yml, the
 repository address is written nowhere else, the cell does nothing outside Colab,
@@ -29,8 +29,7 @@ from nbclient import NotebookClient
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tools"))
-import colab_cell  # noqa: E402
+from tools.publishing import colab_cell
 
 CHAPTERS = colab_cell.chapters()
 # What a fresh Colab-like environment gets: the chapters' imports and a kernel.
@@ -50,9 +49,10 @@ def test_install_cell_is_first_and_as_the_tool_writes_it_from_config(chapter):
     notebook = nbformat.read(chapter, as_version=4)
     first = next((c for c in notebook.cells if c.cell_type == "code"), None)
     assert first is not None and colab_cell.is_install_cell(first), \
-        f"{chapter.name}: no Colab install cell first; run `python tools/colab_cell.py {chapter.relative_to(ROOT)}`"
+        f"{chapter.name}: no Colab install cell first; run " \
+        f"`python -m tools.publishing.colab_cell {chapter.relative_to(ROOT)}`"
     assert not colab_cell.apply(notebook, colab_cell.chapter_cell(notebook)), \
-        f"{chapter.name}: the install cell differs from _config.yml's; run `python tools/colab_cell.py`"
+        f"{chapter.name}: the install cell differs from _config.yml's; run `python -m tools.publishing.colab_cell`"
     assert first.outputs == [], f"{chapter.name}: the install cell printed something locally"
     assert sum(colab_cell.is_install_cell(c) for c in notebook.cells) == 1
 

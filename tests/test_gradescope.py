@@ -1,6 +1,6 @@
 """Exports of the grader: Gradescope's autograder, and totals per student for Canvas and Moodle.
 
-`make gradescope ASSIGNMENT=5` writes a zip (tools/make_gradescope.py) for one assignment,
+`make gradescope ASSIGNMENT=5` writes a zip (tools/grading/make_gradescope.py) for one assignment,
 chapter 5, that is unpacked here into a temporary Gradescope layout (source/, submission/,
 results/), and its run_autograder is run there with AUTOGRADER_ROOT and the course's
 environment first on PATH, as Gradescope runs it after setup.sh: chapter 5's key scores
@@ -8,7 +8,7 @@ every point, the untouched handout none, a submission without a notebook and a g
 crashes still give a valid results.json. One assignment, one notebook, at most full marks:
 the key beside a copy of itself and the solved notebooks of chapters 13 and 14 scores the
 assignment's 6 points and no more; several notebooks none of which is the assignment's, two
-of its name, or another chapter's notebook alone score 0 and say why. tools/grade.py's
+of its name, or another chapter's notebook alone score 0 and say why. tools/grading/grade.py's
 --assignment grades the assignment's checks alone. The format of results.json is checked
 against Gradescope's specification (https://gradescope-autograders.readthedocs.io/en/latest/specs/).
 The LMS export is checked on made-up rows: Canvas's columns, one row per student, and a
@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import zipfile
 from dataclasses import dataclass
 
@@ -30,12 +29,8 @@ import pytest
 from conftest import ROOT
 from test_grading import CHAPTER, student_notebook, with_key_code
 
-sys.path.insert(0, str(ROOT / "tools"))
-import grade  # noqa: E402
-import handout_manifest  # noqa: E402
-import make_gradescope  # noqa: E402
-import make_handout  # noqa: E402
-from grading import exports  # noqa: E402
+from tools.grading import exports, grade, make_gradescope
+from tools.publishing import handout_manifest, make_handout
 
 SECRET = "the instructor's own secret"
 ASSIGNMENT = "5"  # chapter 5: five checks, 6 points
@@ -122,7 +117,8 @@ def graded(autograder, tmp_path_factory):
              for name, notebooks in submissions.items()}
     (roots["nothing"] / "submission" / "answers.txt").write_text("no notebook here")
     roots["crash"] = gradescope_layout(zip_path, tmp_path_factory.mktemp("crash"), submissions["handout"])
-    (roots["crash"] / "source" / "tools" / "grade.py").write_text("raise SystemExit('the grader crashed')\n")
+    crashing = roots["crash"] / "source" / "tools" / "grading" / "grade.py"
+    crashing.write_text("raise SystemExit('the grader crashed')\n")
     runs = {name: start(root) for name, root in roots.items()}
     outputs = {name: run.communicate(timeout=300)[0] for name, run in runs.items()}
     for name, run in runs.items():
@@ -137,8 +133,10 @@ def test_the_zip_holds_what_gradescope_needs_and_little_else(autograder):
         modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in archive.infolist()}
         setup = archive.read("setup.sh").decode()
         secret = archive.read("grading_secret").decode()
-    assert {"setup.sh", "run_autograder", "exercises.json", "tools/grade.py", "tools/grading/exports.py",
-            "src/mha/checks/__init__.py", "pyproject.toml", "requirements.txt"} <= names
+    assert {"setup.sh", "run_autograder", "exercises.json", "tools/__init__.py", "tools/grading/grade.py",
+            "tools/grading/exports.py", "tools/publishing/handout_manifest.py", "src/mha/checks/__init__.py",
+            "pyproject.toml", "requirements.txt"} <= names
+    assert not any(n.startswith("tools/data/") for n in names), "the maintainers' tools are not the grader's"
     assert modes["setup.sh"] & 0o111 and modes["run_autograder"] & 0o111
     assert secret == SECRET and modes["grading_secret"] == 0o600
     assert not any(n.startswith(("book/", "_build/", "tests/", "source/")) or "__pycache__" in n for n in names)
@@ -288,7 +286,7 @@ ROWS = [
 
 
 @dataclass
-class Row:  # as tools/grade.py holds its rows before writing grades.json
+class Row:  # as tools/grading/grade.py holds its rows before writing grades.json
     student: str
     exercise: str
     check: str

@@ -1,4 +1,4 @@
-"""Grading that an instructor can trust: tools/grade.py.
+"""Grading that an instructor can trust: tools/grading/grade.py.
 
 The checks expected of a notebook come from the handout's list of exercises,
 and the grader runs each one itself on the student's function. Proven on
@@ -13,7 +13,6 @@ import contextlib
 import csv
 import io
 import json
-import sys
 
 import nbformat
 import pytest
@@ -21,12 +20,8 @@ import pytest
 from conftest import CHAPTERS, ROOT
 from test_handout import code_solutions
 
-sys.path.insert(0, str(ROOT / "tools"))
-import check_cells  # noqa: E402
-import grade  # noqa: E402
-import handout_manifest  # noqa: E402
-import make_handout  # noqa: E402
-import notebook_slice  # noqa: E402
+from tools.grading import check_cells, grade, notebook_slice
+from tools.publishing import handout_manifest, make_handout
 
 CHAPTER = ROOT / "book" / "05_fused_heads_and_masks.ipynb"
 WRONG_MERGE = '''def merge_heads(X):

@@ -1,7 +1,7 @@
 """The notebook's check and the grader give the same verdict (issue #36, part 5).
 
 For every exercise with a check (chapters 1 to 15), the same solutions are judged twice: in this process by
-`check_NAME(fn, seed=S)`, as a learner's kernel runs it, and by tools/grade.py, which runs the function in a
+`check_NAME(fn, seed=S)`, as a learner's kernel runs it, and by tools/grading/grade.py, which runs the function in a
 sandboxed worker with the student edition of mha. S is the seed that the grader drew for that notebook and
 check, so both judge the same cases. The solutions: the book's key; a solution written from scratch (the trap
 tests'); and the library's routes to the answer, a solution that is just a call of a forbidden function (with the
@@ -177,8 +177,7 @@ def variants(gaps=False):
 def notebook_verdict(notebook, name, seed):
     """(passed, message) of check_<name> in this process on the notebook's function, with the grader's seed: the
     notebook's code up to the function, run as a learner's kernel runs it (in a module named __main__)."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    from notebook_slice import code_binding
+    from tools.grading.notebook_slice import code_binding
     namespace = {"__name__": "__main__"}
     with redirect_stdout(io.StringIO()):
         exec("\n".join(code for _, code in code_binding(notebook.cells, {name})), namespace)

@@ -1,4 +1,4 @@
-"""A grade that the student's code cannot reach: tools/grade.py against a hostile class.
+"""A grade that the student's code cannot reach: tools/grading/grade.py against a hostile class.
 
 Each submission below is the handout's notebook with one stub replaced by an attack:
 a wrong function dressed up to look right (the report forged, the check module or the
@@ -18,6 +18,7 @@ import shutil
 import nbformat
 import pytest
 
+from attacks import escape_to_the_library
 from conftest import ROOT
 from test_grading import grade, make_handout
 from test_handout import code_solutions
@@ -153,16 +154,7 @@ def repeat_kv(x, n_rep):
     return out
 ''',
     # out of the sandbox: unmount what covers the project, then import the real library from it
-    "escape_to_the_library": WRONG_REPEAT + '''
-import ctypes, sys
-_libc = ctypes.CDLL(None, use_errno=True)
-for _folder in ["''' + str(ROOT) + '''", "''' + str(ROOT) + '''/src", "/proc", "/tmp", "/"]:
-    _libc.umount2(_folder.encode(), 2)
-sys.path.insert(0, "''' + str(ROOT) + '''/src")
-for _name in [n for n in sys.modules if n == "mha" or n.startswith("mha.")]:
-    del sys.modules[_name]
-from mha.numpy import repeat_kv
-''',
+    "escape_to_the_library": WRONG_REPEAT + escape_to_the_library(ROOT),
     # the reply: one far longer than the case allows, one nested deeper than any answer
     "oversized_reply": RIGHT_REPEAT + '''
 _right = repeat_kv

@@ -13,10 +13,9 @@ import scipy.special
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tools"))
-from grading import cases, sandbox, student_edition, wire  # noqa: E402
-from mha.checks.ch11 import ToyLanguageModel  # noqa: E402
-from mha.checks.registry import CHECKS  # noqa: E402
+from mha.checks.ch11 import ToyLanguageModel
+from mha.checks.registry import CHECKS
+from tools.grading import cases, sandbox, student_edition, wire
 
 VALUES = [np.float64(3.5), np.float32(2.0), np.int32(7), np.bool_(True), 3, 2.5, float("nan"), -float("inf"),
           True, None, "text", 10**20, np.zeros((0, 3), np.float32), np.arange(6).reshape(2, 3)[:, ::2],

@@ -16,8 +16,7 @@ import pytest
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tools"))
-from grading import resources, sandbox  # noqa: E402
+from tools.grading import resources, sandbox
 
 SECRET = "walls-secret-8d1f0c"
 needs_bubblewrap = pytest.mark.skipif(sandbox.ISOLATION != "bubblewrap", reason="bubblewrap does not work here")
@@ -96,7 +95,7 @@ def escape(tmp_path_factory):
         assert not errors, errors
         reply, _ = worker.call("report", (), {}, 30)
         assert reply["status"] == "returned", reply
-        from grading import wire
+        from tools.grading import wire
         said = json.loads(wire.untag(reply["result"]))
         grader_pipes = {f"pipe:[{os.fstat(fd).st_ino}]" for fd in (worker.requests, worker.replies)}
         return (said["steps"], said["who"] | {"descriptors": said["descriptors"], "grader": grader_pipes}), worker.hello
@@ -187,7 +186,7 @@ def test_a_fork_loop_stops_at_the_process_limit():
              "            started.append(subprocess.Popen(['sleep', '30']))\n    except OSError as error:\n"
              "        return len(started), str(error)\n    return len(started), 'no limit'\n"]
     _, (reply, _), _ = run_and_call(sandbox.Limits(processes=8), cells, "fork_loop")
-    from grading import wire
+    from tools.grading import wire
     count, error = wire.untag(reply["result"])
     assert count < 8 and "Resource temporarily unavailable" in error, (count, error)
 
@@ -201,7 +200,7 @@ def test_tmp_and_every_file_are_bounded_and_the_worker_folder_is_read_only():
              "            said.append('wrote 64 MiB')\n        except OSError as error:\n"
              "            said.append(type(error).__name__ + ': ' + str(error))\n    return said\n"]
     _, (reply, _), _ = run_and_call(sandbox.Limits(file_bytes=8 * 2**20), cells, "fill")
-    from grading import wire
+    from tools.grading import wire
     said = wire.untag(reply["result"])
     assert not any(s == "wrote 64 MiB" for s in said), said
     assert "Read-only file system" in said[2], said
@@ -230,7 +229,7 @@ def test_children_share_one_memory_limit_where_there_is_a_cgroup():
     cells = ["import subprocess, sys\ndef children():\n    code = 'import numpy as np, time; a = np.ones(50 * 2**20); "
              "time.sleep(5)'\n    kids = [subprocess.Popen([sys.executable, '-c', code]) for _ in range(3)]\n"
              "    return [kid.wait() for kid in kids]\n"]
-    from grading import wire
+    from tools.grading import wire
     try:
         _, (reply, _), _ = run_and_call(sandbox.Limits(memory_bytes=2**30), cells, "children")
     except sandbox.LimitReached as limit:  # the kernel chose the runner itself

@@ -1,7 +1,7 @@
 """Exercises and the instructors' handout.
 
 Every chapter has exercises of the three kinds with worked solutions; the
-handout made by tools/make_handout.py holds no line of any solution in any file
+handout made by tools/publishing/make_handout.py holds no line of any solution in any file
 but the key, and no link from its website leads to one (no repository button;
 launch buttons only to the student repository of handout.yml); its notebooks
 stop at the first stub, and the key's code passes every check. Grading:
@@ -13,7 +13,6 @@ import functools
 import html
 import io
 import re
-import sys
 from pathlib import Path
 
 import nbformat
@@ -28,11 +27,7 @@ from conftest import CHAPTERS, ROOT
 from leaks import crawl, found_in, normal, readable_texts, text_files
 from site_browser import DESKTOP_FACTS, Visit, chromium_browser, serve
 
-sys.path.insert(0, str(ROOT / "tools"))
-import colab_cell  # noqa: E402
-import handout_manifest  # noqa: E402
-import make_handout  # noqa: E402
-import student_copy  # noqa: E402
+from tools.publishing import colab_cell, handout_manifest, make_handout, student_copy
 
 KINDS = {"Implement", "Predict", "Experiment"}
 STUDENT_REPOSITORY = ("https://github.com/example-course/mha-students", "main")

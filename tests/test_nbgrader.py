@@ -1,4 +1,4 @@
-"""The handout's nbgrader version (tools/nbgrader_source.py), run through nbgrader.
+"""The handout's nbgrader version (tools/publishing/nbgrader_source.py), run through nbgrader.
 
 nbgrader is not in requirements.txt (it brings JupyterLab, Notebook 7, Jupyter
 Server and some 45 other packages that the course does not need). As the
@@ -25,12 +25,11 @@ from importlib import metadata
 import nbformat
 import pytest
 
-from conftest import CHAPTERS, ROOT
+from conftest import CHAPTERS
 from test_handout import normal, solution_lines
 
-sys.path.insert(0, str(ROOT / "tools"))
-import nbgrader_source  # noqa: E402
-from handout_manifest import chapter_exercises  # noqa: E402
+from tools.publishing import nbgrader_source
+from tools.publishing.handout_manifest import chapter_exercises
 
 NBGRADER = "nbgrader==0.9.6"
 CHAPTER = CHAPTERS[0]  # 01_weighted_average: two Implement exercises, four written ones

@@ -1,4 +1,4 @@
-"""The book as one PDF (`make pdf`, tools/make_pdf.py): every chapter is in it, with its title
+"""The book as one PDF (`make pdf`, tools/publishing/make_pdf.py): every chapter is in it, with its title
 as a bookmark; formulas are typeset (their symbols are text, no TeX source is left); the
 figures are embedded; no launch, download or navigation button is printed; and the page
 count is that of a book. The test prints the site that this test run built (shared with
@@ -6,16 +6,14 @@ tests/test_site.py), so it adds the printing only: about a minute on two cores."
 
 import json
 import re
-import sys
 import unicodedata
 
 import pytest
 
-from conftest import CHAPTERS, ROOT
+from conftest import CHAPTERS
 from site_browser import chromium_browser
 
-sys.path.insert(0, str(ROOT / "tools"))
-import make_pdf  # noqa: E402
+from tools.publishing import make_pdf
 
 
 def plain(text):

@@ -1,8 +1,8 @@
 """The tools never delete what they did not make.
 
-`python tools/make_handout.py --help` once made a folder named `--help` and wrote the
+`python -m tools.publishing.make_handout --help` once made a folder named `--help` and wrote the
 handout into it, and `make_handout.py book` would have deleted the book first. Here:
-every script of tools/ (and tools/grading/exports.py) parses its arguments: `--help`
+every command of tools/ (`python -m tools.TRADE.NAME`) parses its arguments: `--help`
 prints its usage, exits 0 and changes nothing, run from the repository (no file made,
 changed or deleted there, `git status` as it was) and from an empty folder (still empty).
 make_handout writes only into a new or empty folder, or one that an earlier run made
@@ -14,22 +14,22 @@ in parallel (importing torch and nbformat takes a second or two each).
 
 import os
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tools"))
-import make_gradescope  # noqa: E402
-import make_handout  # noqa: E402
-import nbgrader_source  # noqa: E402
-import output_folder  # noqa: E402
+from tools.grading import make_gradescope
+from tools.publishing import make_handout, nbgrader_source, output_folder
 
 PYTHON = ROOT / ".venv" / "bin" / "python"
-TOOLS = sorted((ROOT / "tools").glob("*.py")) + [ROOT / "tools" / "grading" / "exports.py"]
-QUIET = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ written by these runs
+SANDBOX_ONLY = {"tools.grading.worker"}  # started inside the sandbox by tools/grading/sandbox.py, never by hand
+MAINS = [p for p in sorted((ROOT / "tools").glob("*/*.py")) if '__name__ == "__main__"' in p.read_text()]
+TOOLS = [name for name in (".".join(p.relative_to(ROOT).with_suffix("").parts) for p in MAINS)
+         if name not in SANDBOX_ONLY]  # the commands, as `python -m` names them: tools.TRADE.NAME
+# no __pycache__ written by these runs; the repository root on the path, for the runs from an empty folder
+QUIET = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(ROOT)}
 
 
 # Ignored folders that other tests, run at the same time, may make (caches, the book's build): a new
@@ -48,8 +48,13 @@ def git_status():
                                            or line.endswith("__pycache__/"))} | outputs
 
 
+def source(tool):
+    return ROOT.joinpath(*tool.split(".")).with_suffix(".py")
+
+
 def run(tool, *arguments, cwd=ROOT):
-    return subprocess.run([str(PYTHON), str(tool), *map(str, arguments)], cwd=cwd, env=QUIET,
+    """`python -m tool ARGUMENTS` (tool: a module name, tools.TRADE.NAME)."""
+    return subprocess.run([str(PYTHON), "-m", tool, *map(str, arguments)], cwd=cwd, env=QUIET,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -60,12 +65,12 @@ def helped(tmp_path_factory):
     empty = tmp_path_factory.mktemp("cwd")
     before = git_status()
     with ThreadPoolExecutor(max_workers=8) as pool:
-        runs = dict(zip([t.name for t in TOOLS], pool.map(
+        runs = dict(zip(TOOLS, pool.map(
             lambda i: run(TOOLS[i], "--help", cwd=ROOT if i % 2 else empty), range(len(TOOLS)))))
     return runs, before, git_status(), empty
 
 
-@pytest.mark.parametrize("tool", [t.name for t in TOOLS])
+@pytest.mark.parametrize("tool", TOOLS)
 def test_help_prints_usage_and_exits_0(helped, tool):
     done = helped[0][tool]
     assert done.returncode == 0, done.stderr[-2000:]
@@ -81,12 +86,12 @@ def test_help_changes_nothing(helped):
 
 def test_every_tool_parses_its_arguments():
     for tool in TOOLS:
-        text = tool.read_text()
-        assert "argparse" in text and '__name__ == "__main__"' in text, f"{tool.name} has no argument parser"
+        text = source(tool).read_text()
+        assert "argparse" in text and '__name__ == "__main__"' in text, f"{tool} has no argument parser"
 
 
 def test_make_handout_refuses_any_path_of_the_repository_but_its_own(monkeypatch):
-    done = run(ROOT / "tools" / "make_handout.py", "book", "--no-html")
+    done = run("tools.publishing.make_handout", "book", "--no-html")
     assert done.returncode == 1 and "refuses to write into book" in done.stderr, done.stderr
     assert "inside the course repository" in done.stderr and "Nothing was deleted" in done.stderr
     monkeypatch.chdir(ROOT)
@@ -101,7 +106,7 @@ def test_make_handout_refuses_a_folder_it_did_not_make(tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("three years of work")
-    done = run(ROOT / "tools" / "make_handout.py", mine, "--no-html")
+    done = run("tools.publishing.make_handout", mine, "--no-html")
     assert done.returncode == 1, done.stdout
     assert str(mine) in done.stderr and "holds no .mha-handout" in done.stderr, done.stderr
     assert [p.name for p in mine.iterdir()] == ["thesis.tex"] and (mine / "thesis.tex").read_text() == \
@@ -114,7 +119,7 @@ def test_make_handout_refuses_a_folder_it_did_not_make(tmp_path):
 def test_make_handout_writes_again_where_it_wrote_before(tmp_path):
     """A new folder, then the same folder again (the marker says it is the handout's); an empty one too."""
     target = tmp_path / "handout"
-    done = run(ROOT / "tools" / "make_handout.py", target, "--no-html")
+    done = run("tools.publishing.make_handout", target, "--no-html")
     assert done.returncode == 0, done.stderr[-2000:]
     (target / "key" / "stale.ipynb").write_text("{}")  # what the next run must clear
     assert make_handout.make_handout(target, build_html=False, repository=None) == target
@@ -138,7 +143,7 @@ def test_nbgrader_source_refuses_a_course_it_did_not_make(tmp_path):
 
 
 def test_make_gradescope_needs_an_assignment_and_overwrites_only_its_own_zip(tmp_path):
-    tool = ROOT / "tools" / "make_gradescope.py"
+    tool = "tools.grading.make_gradescope"
     done = run(tool, tmp_path / "autograder.zip")
     assert done.returncode == 2 and "--assignment" in done.stderr and not list(tmp_path.iterdir())
     done = run(tool, ROOT / "README.md", "--assignment", "5")

@@ -1,4 +1,4 @@
-"""Chapter 14's training (mha.text.training, tools/train_lm.py): the schedule, the loss of a text,
+"""Chapter 14's training (mha.text.training, tools/data/train_lm.py): the schedule, the loss of a text,
 checkpoints that resume, the stored curve retrained from scratch, and DistributedDataParallel
 under torchrun equal to one process."""
 
@@ -21,7 +21,7 @@ from mha.text.training import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOL = ROOT / "tools" / "train_lm.py"
+TOOL = "tools.data.train_lm"  # run as a module from the repository root
 TINY = RUNS["tiny"][0]
 # The shipped run retrained from scratch under generic kernels and one thread: its first steps'
 # training losses must equal the stored ones (made with the machine's own kernels) to this relative
@@ -34,7 +34,7 @@ RETRAINED_TOLERANCE = 1e-3
 
 def run_tool(*arguments, env=None, launcher=(sys.executable,), timeout=300):
     environment = {**os.environ, "PYTHONHASHSEED": "0", **(env or {})}
-    result = subprocess.run([*launcher, str(TOOL), *arguments], capture_output=True, text=True, env=environment,
+    result = subprocess.run([*launcher, "-m", TOOL, *arguments], capture_output=True, text=True, env=environment,
                             timeout=timeout, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result

@@ -77,10 +77,10 @@ clean:
 	rm -rf _build .pytest_cache .hypothesis
 
 # For maintainers: re-execute every chapter and store fresh outputs.
-# First rewrites each chapter's Colab install cell from _config.yml (tools/colab_cell.py).
+# First rewrites each chapter's Colab install cell from _config.yml (tools/publishing/colab_cell.py).
 notebooks: $(STAMP)
-	$(BIN)/python tools/colab_cell.py
-	$(BIN)/python tools/execute_notebooks.py
+	$(BIN)/python -m tools.publishing.colab_cell
+	$(BIN)/python -m tools.publishing.execute_notebooks
 
 # The browser test serves the built site with MathJax from the npm registry (the
 # pages load it from a CDN) and drives Debian's chromium. On a machine without
@@ -94,7 +94,7 @@ browser: $(MATHJAX) $(AXE)
 	  else echo "no $(CHROMIUM), and not root on Debian: the browser test will skip"; fi; \
 	fi
 
-# The grader (tools/grade.py) runs each student's code under Debian's bubblewrap: a read-only
+# The grader (tools/grading/grade.py) runs each student's code under Debian's bubblewrap: a read-only
 # system, no network, the library and the other submissions out of sight. Without it (not root,
 # not Debian) grading falls back to folder and path isolation and says so in its report.
 sandbox:
@@ -119,29 +119,29 @@ $(MATHJAX):
 
 # The whole book as one PDF, _build/pdf/book.pdf: the site built offline (MathJax served
 # locally), printed page by page by Debian's chromium and joined with bookmarks
-# (tools/make_pdf.py says why this route). Installs chromium and MathJax as `make test` does.
+# (tools/publishing/make_pdf.py says why this route). Installs chromium and MathJax as `make test` does.
 pdf: $(STAMP) browser
-	$(BIN)/python tools/make_pdf.py
+	$(BIN)/python -m tools.publishing.make_pdf
 
 # For instructors: student notebooks (solutions removed), answer key, student website, in _handout/.
 # The tools rewrite only folders they made (marked .mha-handout, .mha-nbgrader) and refuse any
 # other; HANDOUT=DIR writes elsewhere (a new or empty folder, outside the repository).
 HANDOUT := _handout
 handout: $(STAMP) $(MATHJAX)
-	$(BIN)/python tools/make_handout.py "$(HANDOUT)"
-	$(BIN)/python tools/nbgrader_source.py "$(HANDOUT)"
+	$(BIN)/python -m tools.publishing.make_handout "$(HANDOUT)"
+	$(BIN)/python -m tools.publishing.nbgrader_source "$(HANDOUT)"
 
 # For instructors: the Gradescope autograder of ONE assignment, a chapter or exercises of one chapter:
 #   make gradescope ASSIGNMENT=15                  # or ASSIGNMENT=15_heads_across_devices
 #   make gradescope ASSIGNMENT=ex-ch5-split-merge,ex-ch5-multihead
-# writes _build/gradescope/<assignment>/autograder.zip (tools/make_gradescope.py; the book's page
+# writes _build/gradescope/<assignment>/autograder.zip (tools/grading/make_gradescope.py; the book's page
 # for instructors says what to upload). There is no default assignment.
 .PHONY: gradescope
 gradescope: $(STAMP)
 	@if [ -z "$(ASSIGNMENT)" ]; then \
 	  echo "name the assignment: make gradescope ASSIGNMENT=15 (a chapter's number or notebook stem," \
 	       "or exercise labels of one chapter, comma-separated)" >&2; exit 2; fi
-	$(BIN)/python tools/make_gradescope.py --assignment "$(ASSIGNMENT)"
+	$(BIN)/python -m tools.grading.make_gradescope --assignment "$(ASSIGNMENT)"
 
 # Benchmarks against PyTorch, speed and memory (several minutes on 2 cores; see
 # benchmarks/__init__.py). Prints every table and writes it to _build/benchmarks/

@@ -6,7 +6,7 @@ MathJax cannot be installed, the build says so in one line and the pages load
 MathJax from its CDN. MHA_OFFLINE_SITE chooses instead of the default:
 `1` (`make book OFFLINE=1`) insists, and fails without MathJax; `0`
 (`make book OFFLINE=0`) uses the CDN. The students' website is always offline
-(tools/student_copy.py sets `mha_offline_site: true`). When on:
+(tools/publishing/student_copy.py sets `mha_offline_site: true`). When on:
 
 - MathJax 3 is served by the site itself: the files it needs are copied from the
   npm package that `make browser` installs (or from MHA_MATHJAX_DIR) into

@@ -20,7 +20,7 @@
   and `parallel_costs`: its cost model of compute against communication for Llama-2 7B and 70B
   on NVLink and InfiniBand, with the sources of its constants.
 - `seeds`: claims over seeds: sweeps (an experiment run on many seeds), their tables stored in
-  `seed_tables/` by tools/seed_sweeps.py, read by the chapters and re-derived by the tests.
+  `seed_tables/` by tools/data/seed_sweeps.py, read by the chapters and re-derived by the tests.
   Each chapter's sweeps live beside its experiment (`tasks`: ch02_*, `stacks`: ch06_*, `heads`: ch07_*,
   `positions`: ch10_*, `induction`: ch11_*, `sharing`: ch12_*).
 

@@ -242,7 +242,7 @@ def knock_out_mask(n_heads, heads):
 
 
 # Claims over seeds (CONTRIBUTING.md). Each sweep is a function seed -> {name: number or list};
-# tools/seed_sweeps.py stores its table in seed_tables/, the chapters read it, and
+# tools/data/seed_sweeps.py stores its table in seed_tables/, the chapters read it, and
 # tests/test_claims_ch06.py and tests/test_claims_ch07.py re-derive one row of each.
 
 TASK = TwoRelationTask(T=8, n_symbols=8, d_value=4)  # chapter 7's task

@@ -10,10 +10,10 @@
 - `train_induction`: AdamW with Vaswani et al.'s warm-up, a printed progress bar.
 - Reading the heads (NumPy, float64): `previous_token_scores`, `induction_scores`,
   `after_copy_weights`, `repeat_loss` with heads knocked out, and the weights shipped with the
-  library (`trained_params`), written by tools/train_induction.py.
+  library (`trained_params`), written by tools/data/train_induction.py.
 - Every seed: `read_model` measures all of the above on the chapter's `held_out_sequences`, and
   the sweep "ch11_knockouts" (`knock_outs_over_seeds`) does so for ten seeds trained like the
-  shipped model (seed 0 is the shipped model); tools/train_induction.py --seeds stores its table.
+  shipped model (seed 0 is the shipped model); tools/data/train_induction.py --seeds stores its table.
 """
 
 import copy
@@ -31,7 +31,7 @@ import mha.torch as mt
 from mha.experiments import seeds
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
-WEIGHTS = Path(__file__).with_name("induction_model.npz")  # written by tools/train_induction.py
+WEIGHTS = Path(__file__).with_name("induction_model.npz")  # written by tools/data/train_induction.py
 
 
 def spell(tokens):
@@ -235,7 +235,7 @@ def trained_params():
     return load_params(WEIGHTS)
 
 
-# Every seed: chapter 11's table (tools/train_induction.py --seeds writes it) ------------------------
+# Every seed: chapter 11's table (tools/data/train_induction.py --seeds writes it) ------------------------
 
 LIVE_STEPS, SHIPPED_STEPS = 800, 2000  # the chapter's live training; the shipped weights and the table
 PROMPTS = ("kvbzqhtp", "mnopqrst", "transformer")  # each written twice, then continued up to 32 letters

@@ -10,7 +10,7 @@ registered with `@sweep`:
         ...
         return {"partner_error_h_kv_4": 0.061, ...}
 
-`tools/seed_sweeps.py` runs every seed of a sweep under generic kernels and one thread
+`tools/data/seed_sweeps.py` runs every seed of a sweep under generic kernels and one thread
 (`GENERIC_KERNELS`), the same on every CPU, and writes `seed_tables/<name>.json`. Chapters read
 the stored table (`column`, `spread`); a claims test asserts the chapter's sentence over every
 seed of it, and re-derives one stored row (`rederive`), which must agree within the sweep's
@@ -85,7 +85,7 @@ def load(name):
     """The stored table of a sweep: a dict with "rows" (one per seed) and how it was made."""
     path = table_path(name)
     if not path.exists():
-        raise ValueError(f"no stored table for sweep {name!r} at {path}: run tools/seed_sweeps.py {name}")
+        raise ValueError(f"no stored table for sweep {name!r} at {path}: run python -m tools.data.seed_sweeps {name}")
     return json.loads(path.read_text())
 
 

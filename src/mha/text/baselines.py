@@ -8,7 +8,7 @@
 - Counting models fitted on the training text: uniform, unigram and bigram, add-one smoothed.
 
 Sizes count every byte the compressor writes (headers included); texts are encoded as UTF-8 and
-the bits are divided by the number of characters. `tools/corpus_baselines.py` stores the whole
+the bits are divided by the number of characters. `tools/data/corpus_baselines.py` stores the whole
 table in `data/baselines.json`, since xz and zstd at their strongest take a while on 4.3 M
 characters.
 """
@@ -170,5 +170,5 @@ def reference_table(splits):
 
 
 def stored_table():
-    """The table that tools/corpus_baselines.py stored: {"versions": ..., "rows": [...], ...}."""
+    """The table that tools/data/corpus_baselines.py stored: {"versions": ..., "rows": [...], ...}."""
     return json.loads(STORED_TABLE.read_text())

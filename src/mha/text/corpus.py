@@ -1,7 +1,7 @@
 """The corpus: CPython 3.11.7's standard library (Lib/*.py), split by file into train, validation, test.
 
 The 168 files ship in one archive, `data/cpython-3.11.7-Lib.tar.xz`, with the PSF license beside
-it (`data/SOURCE.md` says where they come from). `tools/make_corpus.py` rebuilds the archive.
+it (`data/SOURCE.md` says where they come from). `tools/data/make_corpus.py` rebuilds the archive.
 
 The split is by file, never inside a file, so that no function is half in the training text and
 half in the test text. Files that repeat each other's lines (a C module's pure-Python twin, the

@@ -44,7 +44,7 @@ GRADIENT_TOLERANCE = 1e-4  # of each parameter's largest |gradient|
 
 @functools.cache
 def char_vocab_size():
-    """The char model's vocabulary: its tokenizer fitted to the training text, as tools/train_lm.py fits it."""
+    """The char model's vocabulary: its tokenizer fitted to the training text, as tools/data/train_lm.py fits it."""
     return CharTokenizer.fit(load_splits()["train"]).vocab_size
 
 

@@ -24,7 +24,7 @@ import pytest
 from mha.distributed.tensor import query_heads
 import torch
 
-from mha.distributed import faults, launcher
+from mha.distributed import faults, launch_errors, launcher
 from mha.distributed.launcher import LaunchTimeout, PortInUseError, RankError, RemoteTraceback, launch
 
 PROC = Path("/proc")
@@ -255,7 +255,7 @@ def test_nccl_without_a_gpu_per_rank_is_refused_naming_the_counts(no_process_may
     ([0, 2, 3], [0, 2], "ranks 0, 2 had joined the process group, rank 3 had not"),
 ])
 def test_the_timeout_message_says_which_ranks_had_joined(unfinished, joined, phrase):
-    assert launcher.joined_phrase(unfinished, joined) == phrase
+    assert launch_errors.joined_phrase(unfinished, joined) == phrase
 
 
 @pytest.mark.parametrize("error", [PortInUseError(29500), RankError("rank 1 of 2 exited", rank=1, exit_code=3),

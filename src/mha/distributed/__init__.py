@@ -2,6 +2,7 @@
 
 PyTorch only; imports the torch face, never the other way round. The modules:
     launcher     launch(fn, world_size, *args): fn in world_size processes of one process group
+    rank_process what runs in each rank's process (and rank_device); launch_errors: how a launch fails
     comm         the collectives, counted (count_payload) and differentiable
     tensor       tensor parallelism by heads (Megatron-LM): tensor_parallel(module)
     sequence     the sequence's layouts over ranks (contiguous, zigzag), what Ulysses and the ring share

@@ -3,7 +3,7 @@
     launch(fn, world_size, *args, timeout=60.0, port=None, backend=None) -> [fn's result in rank 0, 1, ...]
 
 What it does:
-- starts `world_size` new Python processes (subprocess, running this module's main(); never
+- starts `world_size` new Python processes (subprocess, running `rank_process.main()`; never
   multiprocessing, whose resource tracker outlives the call); each joins a process group
   (`init_process_group` with MASTER_ADDR 127.0.0.1, the port, its rank, `world_size` and
   `timeout`), runs `fn(rank, world_size, *args)` and sends its result back pickled;
@@ -29,6 +29,28 @@ temporary files removed (also after a KeyboardInterrupt):
 - the call takes longer than `timeout` seconds (say, a rank never reaches a collective that the
   others wait in): LaunchTimeout, naming the ranks that had not finished and whether each had
   joined the process group.
+
+The parts of this call, one module each: this one is the caller's side (checking the arguments,
+starting the ranks, watching them, stopping them); `mha.distributed.rank_process` is the rank's
+side (joining the group, running fn, writing its result; `rank_device`); and
+`mha.distributed.launch_errors` holds the exceptions and how a failed rank is reported.
+
+Why not `torch.distributed.elastic`, which starts processes, redirects their logs and writes error
+files (`start_processes`, `@record`)? Each part would change what the caller sees:
+- process start: `PContext.start()` installs its own handlers of SIGINT, SIGTERM, SIGHUP and SIGQUIT
+  in the caller's main thread, so that an interrupt (a notebook's stop button) raises its
+  SignalException instead of KeyboardInterrupt, and they stay installed after the call;
+- logs: a rank's stdout and stderr go to two files, so the tail in an error can no longer show
+  them interleaved as they were written; the children inherit the caller's stdin;
+- error files: `@record` writes JSON holding the message and the traceback as text, dated in
+  whole seconds, so the caller could not raise the rank's own exception (its type, its fields),
+  nor tell which of two ranks that failed in the same second failed first;
+- stopping: `close()` sends SIGTERM by default and waits up to 30 s before SIGKILL, where this
+  call kills the ranks' process groups at once;
+- results: a string entrypoint (a new Python, as here) hands no return value back at all; a
+  function entrypoint would start the ranks with multiprocessing, refused above.
+So this module keeps its own `subprocess.Popen` (stdout and stderr to one log per rank), its own
+result file per rank (the exception pickled) and its own stop.
 """
 
 import errno
@@ -43,82 +65,28 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import traceback
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from mha.distributed.launch_errors import (
+    LaunchTimeout, PortInUseError, RankError, RemoteTraceback, failed_call_error, timeout_error,
+)
+from mha.distributed.rank_process import job_path, joined_path, log_path, rank_device, result_path
 from mha.torch.devices import default_device
 
 BACKENDS = (None, "gloo", "nccl")
 POLL_SECONDS = 0.05  # how often the caller looks at the ranks
 FAILURE_GRACE_SECONDS = 0.1  # after a first failure, time for its consequences to show, so the cause is named
 LOG_TAIL_LINES = 20
-WATCH_PARENT_SECONDS = 0.5  # how often a rank checks that its caller still lives
-# A rank's process runs main() (not `python -m mha.distributed.launcher`, which would run this
-# module a second time, as __main__, beside the copy that the package mha.distributed imports).
-RANK_ENTRY = "from mha.distributed.launcher import main; main()"
+# A rank's process runs rank_process.main() (not `python -m mha.distributed.rank_process`, which would
+# run that module a second time, as __main__, beside the copy that the package mha.distributed imports).
+RANK_ENTRY = "from mha.distributed.rank_process import main; main()"
 
-
-class RankError(RuntimeError):
-    """A rank failed and its own exception could not be raised here: it died without a result,
-    or its exception (or its result) could not be unpickled. `rank` says which."""
-
-    def __init__(self, message, rank=None, exit_code=None):
-        super().__init__(message)
-        self.rank, self.exit_code = rank, exit_code
-
-    def __reduce__(self):  # pickle the keywords too (a launch inside a rank sends it on)
-        return type(self), (self.args[0], self.rank, self.exit_code), self.__dict__
-
-
-class LaunchTimeout(TimeoutError):
-    """The ranks did not all finish within the timeout. `ranks`: those that had not finished;
-    `joined`: those of them that had joined the process group."""
-
-    def __init__(self, message, ranks=(), joined=()):
-        super().__init__(message)
-        self.ranks, self.joined = list(ranks), list(joined)
-
-    def __reduce__(self):
-        return type(self), (self.args[0], self.ranks, self.joined), self.__dict__
-
-
-class PortInUseError(OSError, ValueError):
-    """The port given to launch is already in use. An OSError (what binding it raises) and a
-    ValueError (a bad argument)."""
-
-    def __init__(self, port):
-        super().__init__(errno.EADDRINUSE, f"port={port} is already in use on this machine: pass another "
-                                           f"port, or port=None to let launch pick a free one")
-        self.port = port
-
-    def __reduce__(self):
-        return type(self), (self.port,), self.__dict__
-
-
-class RemoteTraceback(Exception):
-    """The traceback of an exception raised in a rank, as text: the `__cause__` of the exception
-    re-raised in the caller (as concurrent.futures does for its worker processes)."""
-
-    def __init__(self, text):
-        super().__init__(text)
-        self.text = text
-
-    def __str__(self):
-        return self.text
-
-
-def rank_device():
-    """The device this rank computes on: cuda:rank under NCCL, else the CPU (also outside a
-    process group)."""
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", dist.get_rank())
-    return torch.device("cpu")
+# What callers import from here: launch, and the names its errors and its ranks use.
+__all__ = ["LaunchTimeout", "PortInUseError", "RankError", "RemoteTraceback", "launch", "rank_device"]
 
 
 def launch(fn, world_size, *args, timeout=60.0, port=None, backend=None):
@@ -142,7 +110,7 @@ def launch(fn, world_size, *args, timeout=60.0, port=None, backend=None):
     directory = Path(tempfile.mkdtemp(prefix="mha-launch-"))
     ranks = []
     try:
-        (directory / "job.pkl").write_bytes(job)
+        job_path(directory).write_bytes(job)
         deadline = time.monotonic() + timeout
         environment = child_environment(world_size, port)
         for rank in range(world_size):
@@ -336,18 +304,6 @@ class Rank:
             return ""
         return f"last lines of rank {self.rank}'s output:\n" + "\n".join("    " + line for line in tail.splitlines())
 
-    def error(self):
-        """The exception that tells the caller how this failed rank failed."""
-        kind, detail = self.outcome
-        if kind == "died":
-            return RankError(f"rank {self.rank} of {self.world_size} {how_it_ended(detail)} without a result"
-                             + with_log(self.describe_log()), rank=self.rank, exit_code=detail)
-        if kind == "unreadable":
-            return RankError(f"rank {self.rank} of {self.world_size} returned a result that cannot be unpickled "
-                             f"in the caller ({detail}): return objects that the caller can import, such as "
-                             f"tensors, numbers or arrays", rank=self.rank)
-        return rebuilt_exception(detail, self.rank, self.world_size, self.describe_log())
-
 
 def collect(ranks, deadline, timeout):
     """Wait for every rank's result (looking every POLL_SECONDS), or the first failure, or the deadline."""
@@ -358,7 +314,7 @@ def collect(ranks, deadline, timeout):
             pause(FAILURE_GRACE_SECONDS)
             for rank in ranks:
                 rank.look()
-            raise first_failure(ranks)
+            raise failed_call_error(ranks)
         finished = all(rank.outcome is not None for rank in ranks)
         if finished and (all(rank.exited for rank in ranks) or time.monotonic() >= deadline):
             return [rank.outcome[1] for rank in ranks]  # a rank slow to exit after its result is stopped
@@ -370,95 +326,6 @@ def collect(ranks, deadline, timeout):
 def pause(seconds):
     """Sleep between two looks at the ranks (a function of its own, so that a test can interrupt it)."""
     time.sleep(seconds)
-
-
-def first_failure(ranks):
-    """The exception of the rank that failed first (its failure often makes the others fail),
-    with a note naming the ranks that failed after it."""
-    failed = sorted((rank for rank in ranks if rank.failed), key=lambda rank: (rank.failed_at, rank.rank))
-    error = failed[0].error()
-    if len(failed) > 1:
-        later = "; ".join(f"rank {rank.rank}: {summary(rank.outcome)}" for rank in failed[1:])
-        error.add_note(f"then other ranks failed too: {later}")
-    return error
-
-
-def summary(outcome):
-    kind, detail = outcome
-    if kind == "died":
-        return how_it_ended(detail)
-    if kind == "unreadable":
-        return f"returned a result that cannot be unpickled ({detail})"
-    return f"{detail['type']}: {detail['message']}".splitlines()[0][:200]
-
-
-def timeout_error(ranks, timeout):
-    unfinished = [rank.rank for rank in ranks if rank.outcome is None]
-    joined = [rank.rank for rank in ranks if rank.outcome is None and rank.joined]
-    finished = [rank.rank for rank in ranks if rank.outcome is not None]
-    message = (f"{ranks_phrase(unfinished)} of {len(ranks)} did not finish within {timeout:g} s "
-               f"({joined_phrase(unfinished, joined)})")
-    if finished:
-        message += f"; {ranks_phrase(finished)} finished"
-    message += (". A rank that never reaches a collective the others wait in ends this way, and so does work "
-                "longer than the timeout: pass a larger timeout= if the work needs it.")
-    if not joined:
-        message += " Starting a rank (Python and torch) takes a few seconds of it."
-    logs = [rank.describe_log(lines=10) for rank in ranks if rank.outcome is None]
-    return LaunchTimeout(message + with_log("\n".join(log for log in logs if log)), ranks=unfinished, joined=joined)
-
-
-def ranks_phrase(ranks):
-    """"rank 1", or "ranks 0, 2, 3"."""
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
-
-
-def joined_phrase(unfinished, joined):
-    if len(unfinished) == 1:
-        return "it had joined the process group" if joined else "it had not joined the process group"
-    if len(joined) == len(unfinished):
-        return "all had joined the process group"
-    if not joined:
-        return "none had joined the process group"
-    missing = [rank for rank in unfinished if rank not in joined]
-    return f"{ranks_phrase(joined)} had joined the process group, {ranks_phrase(missing)} had not"
-
-
-def how_it_ended(code):
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = "an unknown signal"
-        return f"was killed by signal {-code} ({name})"
-    return f"exited with code {code}"
-
-
-def with_log(text):
-    return "\n" + text if text else ""
-
-
-def rebuilt_exception(record, rank, world_size, log):
-    """The rank's own exception, as raised there, when it unpickles here; else a RankError."""
-    where = f"raised in rank {rank} of {world_size} (launched by mha.distributed.launch; its traceback above)"
-    try:
-        error = pickle.loads(record["exception"]) if record["exception"] is not None else None
-        if error is not None and not isinstance(error, Exception):  # e.g. SystemExit: never end the caller
-            raise TypeError(f"{type(error).__name__} is not an Exception")
-    except Exception as why:
-        error = None
-        reason = f"{type(why).__name__}: {why}"
-    else:
-        reason = record["unpicklable"]
-    if error is None:
-        error = RankError(f"rank {rank} of {world_size} raised {record['type']}: {record['message']} "
-                          f"(the exception itself could not be rebuilt here: {reason})", rank=rank)
-    else:
-        error.add_note(where)
-    if log:
-        error.add_note(log)
-    error.__cause__ = RemoteTraceback(f'\n"""\n{record["traceback"].rstrip()}\n"""')
-    return error
 
 
 def read_outcome(data):
@@ -494,108 +361,3 @@ def stop(ranks):
                 rank.process.kill()
     for rank in ranks:
         rank.process.wait()
-
-
-def log_path(directory, rank):
-    return Path(directory) / f"rank{rank}.log"
-
-
-def result_path(directory, rank):
-    return Path(directory) / f"rank{rank}.result"
-
-
-def joined_path(directory, rank):
-    return Path(directory) / f"rank{rank}.joined"
-
-
-# --- A rank, in its own process (main) ---
-
-def run_rank(directory, rank):
-    """Join the process group, run fn, write its result (or its exception) for the caller."""
-    watch_parent()
-    try:
-        job = pickle.loads((Path(directory) / "job.pkl").read_bytes())
-        join_group(job, rank)
-        joined_path(directory, rank).touch()
-        result = job["fn"](rank, job["world_size"], *job["args"])
-        data = pickled_result(result, rank)
-    except BaseException as error:
-        write_atomically(result_path(directory, rank), pickle.dumps(("error", error_record(error))))
-        return 1
-    write_atomically(result_path(directory, rank), data)
-    try:
-        leave_group()
-    except Exception:  # the result is delivered; a peer that failed is the caller's news
-        traceback.print_exc()
-    return 0
-
-
-def join_group(job, rank):
-    if job["backend"] == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(job["backend"], init_method="env://", rank=rank, world_size=job["world_size"],
-                            timeout=timedelta(seconds=job["timeout"]))
-
-
-def leave_group():
-    """Wait for the others (rank 0 holds the group's store), then leave."""
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def pickled_result(result, rank):
-    try:
-        return pickle.dumps(("ok", result))
-    except Exception as error:
-        raise TypeError(f"the result of fn in rank {rank}, of type {type(result).__name__}, cannot be pickled to "
-                        f"send it back to the caller: {type(error).__name__}: {error}") from error
-
-
-def error_record(error):
-    """What the caller needs to raise this exception again: itself pickled (when it pickles),
-    its type, message and formatted traceback, and when it was raised."""
-    record = dict(type=type(error).__qualname__, message=str(error), time=time.time(), exception=None,
-                  unpicklable=None, traceback="".join(traceback.format_exception(error)))
-    try:
-        record["exception"] = pickle.dumps(error)
-    except Exception as why:
-        record["unpicklable"] = f"it does not pickle: {type(why).__name__}: {why}"
-    return record
-
-
-def write_atomically(path, data):
-    """Write to a temporary name, then rename: the caller never reads half a file."""
-    partial = path.with_suffix(".partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)
-
-
-def watch_parent():
-    """End this rank if the caller dies (killed too hard to stop its ranks): no rank outlives it."""
-    parent = os.getppid()
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(WATCH_PARENT_SECONDS)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="watch-parent").start()
-
-
-def exit_now(code):
-    """End the process without the interpreter's teardown, which takes seconds once torch is
-    imported: the result is written, and only the standard streams need flushing."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def main():
-    """A rank's process: python -c RANK_ENTRY DIRECTORY RANK."""
-    directory, rank = sys.argv[1:3]
-    exit_now(run_rank(directory, int(rank)))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,8 @@
 """Ring attention equals one process, for both splits of the sequence; its payload and its work.
 
-One launch per world size (P = 2 and 4, gloo on the CPU) runs every case. Work is counted, not
-timed: the (query chunk, key chunk) pairs each rank computes.
+One launch per world size (P = 2 and 4, gloo on the CPU) runs every case of every scheme
+(tests/distributed_cases.py). Work is counted, not timed: the (query chunk, key chunk) pairs each
+rank computes.
 """
 
 import numpy as np
@@ -11,30 +12,18 @@ import torch
 import mha.numpy as mnp
 import mha.torch as mt
 from mha.distributed import merge_partials, positions_of, ring_attention
-from distributed_cases import WORLD_SIZES, assert_equal_to_one_process, launch_cases
+import distributed_cases
+from distributed_cases import WORLD_SIZES, assert_equal_to_one_process
 from mha.distributed.equivalence import full_case
 from mha.distributed.sequence import check_module
 
-CASES = [
-    ("zigzag causal, padded", dict(scheme="ring", module="mha", seed=21, causal=True, padding=True)),
-    ("contiguous causal, padded", dict(scheme="ring", module="mha", seed=22, causal=True, padding=True,
-                                       layout="contiguous")),
-    ("zigzag, not causal", dict(scheme="ring", module="mha", seed=23, padding=True)),
-    ("contiguous, not causal", dict(scheme="ring", module="mha", seed=24, layout="contiguous")),
-    ("gqa with RoPE, zigzag causal, padded", dict(scheme="ring", module="gqa", seed=25, n_heads=8, n_kv_heads=2,
-                                                  causal=True, padding=True, seq_len=32)),
-    ("gqa with RoPE, contiguous causal", dict(scheme="ring", module="gqa", seed=26, causal=True, layout="contiguous")),
-    ("float64 zigzag causal, padded", dict(scheme="ring", module="mha", seed=27, causal=True, padding=True,
-                                           dtype="float64")),
-    ("padding longer than a chunk", dict(scheme="ring", module="mha", seed=28, causal=True, padding=True, pad=9,
-                                         seq_len=32)),
-]
+CASES = distributed_cases.CASES["ring"]  # (name, case); the cases of every scheme share two launches
 
 
 @pytest.fixture(scope="module")
 def results():
-    """{P: [per case: [per rank: result]]}: one launch per world size."""
-    return launch_cases(CASES)
+    """{P: [per case: [per rank: result]]}: from one launch per world size, shared by every scheme's tests."""
+    return distributed_cases.scheme_results("ring")
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

@@ -1,8 +1,9 @@
 """Tensor parallelism by heads equals one process, and PyTorch's own parallelize_module.
 
-One launch per world size (P = 2 and 4, gloo on the CPU) runs every case; each rank compares
-its output and gradients with the single-process module it also computes (mha.distributed.
-equivalence). Relative errors are max |ours - one process| / max |one process|.
+One launch per world size (P = 2 and 4, gloo on the CPU) runs every case of every scheme
+(tests/distributed_cases.py); each rank compares its output and gradients with the single-process
+module it also computes (mha.distributed.equivalence). Relative errors are
+max |ours - one process| / max |one process|.
 """
 
 import pytest
@@ -10,38 +11,20 @@ from torch import nn
 
 import mha.numpy as mnp
 import mha.torch as mt
-from distributed_cases import WORLD_SIZES, assert_equal_to_one_process, launch_cases
+import distributed_cases
+from distributed_cases import WORLD_SIZES, assert_equal_to_one_process
 from mha.distributed import tensor_parallel
 from mha.distributed.equivalence import full_case
 from mha.distributed.tensor import as_grouped, check_heads_split, kv_heads
 
 
-# (name, case): MultiHeadAttention, GroupedQueryAttention (RoPE; key/value heads split, one per rank,
-# and replicated when P > h_kv), the encoder block, today's decoder block, with causal and padding masks.
-CASES = [
-    ("mha", dict(scheme="tensor", module="mha", seed=1)),
-    ("mha causal, padded", dict(scheme="tensor", module="mha", seed=2, causal=True, padding=True)),
-    ("mha float64, padded", dict(scheme="tensor", module="mha", seed=3, padding=True, dtype="float64")),
-    ("gqa h=8 h_kv=4 causal, padded", dict(scheme="tensor", module="gqa", seed=4, n_heads=8, n_kv_heads=4,
-                                           causal=True, padding=True)),
-    ("gqa h=8 h_kv=2 padded", dict(scheme="tensor", module="gqa", seed=5, n_heads=8, n_kv_heads=2, padding=True)),
-    ("gqa h=4 h_kv=1 causal", dict(scheme="tensor", module="gqa", seed=6, n_heads=4, n_kv_heads=1, causal=True)),
-    ("encoder block causal, padded", dict(scheme="tensor", module="encoder", seed=7, causal=True, padding=True)),
-    ("llama block padded", dict(scheme="tensor", module="lm", seed=8, n_heads=8, n_kv_heads=2, padding=True)),
-    ("ours = parallelize_module: mha causal, padded", dict(scheme="tensor_vs_torch", module="mha", seed=9,
-                                                           causal=True, padding=True)),
-    ("ours = parallelize_module: gqa h_kv=4", dict(scheme="tensor_vs_torch", module="gqa", seed=10, n_heads=8,
-                                                   n_kv_heads=4, padding=True)),
-    ("ours = parallelize_module: encoder block", dict(scheme="tensor_vs_torch", module="encoder", seed=11,
-                                                      causal=True, padding=True)),
-    ("parallelize_module = one process", dict(scheme="torch_tensor", module="mha", seed=12, padding=True)),
-]
+CASES = distributed_cases.CASES["tensor"]  # (name, case); the cases of every scheme share two launches
 
 
 @pytest.fixture(scope="module")
 def results():
-    """{P: [per case: [per rank: result]]}: one launch per world size."""
-    return launch_cases(CASES)
+    """{P: [per case: [per rank: result]]}: from one launch per world size, shared by every scheme's tests."""
+    return distributed_cases.scheme_results("tensor")
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

@@ -1,32 +1,23 @@
 """Sequence parallelism by all-to-all (Ulysses) equals one process; its payload is the formula.
 
-One launch per world size (P = 2 and 4, gloo on the CPU) runs every case.
+One launch per world size (P = 2 and 4, gloo on the CPU) runs every case of every scheme
+(tests/distributed_cases.py).
 """
 
 import pytest
 
 import mha.numpy as mnp
-from distributed_cases import WORLD_SIZES, assert_equal_to_one_process, launch_cases
+import distributed_cases
+from distributed_cases import WORLD_SIZES, assert_equal_to_one_process
 from mha.distributed.equivalence import full_case
 
-CASES = [
-    ("mha", dict(scheme="ulysses", module="mha", seed=31)),
-    ("mha causal, padded", dict(scheme="ulysses", module="mha", seed=32, causal=True, padding=True)),
-    ("gqa with RoPE h=8 h_kv=4, causal, padded", dict(scheme="ulysses", module="gqa", seed=33, n_heads=8,
-                                                      n_kv_heads=4, causal=True, padding=True)),
-    ("gqa h_kv=2 < P=4 (repeated), padded", dict(scheme="ulysses", module="gqa", seed=34, n_heads=8, n_kv_heads=2,
-                                                 padding=True)),
-    ("gqa h_kv=1 (multi-query), causal", dict(scheme="ulysses", module="gqa", seed=36, n_heads=8, n_kv_heads=1,
-                                              causal=True)),
-    ("float64 causal, padded", dict(scheme="ulysses", module="mha", seed=35, causal=True, padding=True,
-                                    dtype="float64")),
-]
+CASES = distributed_cases.CASES["ulysses"]  # (name, case); the cases of every scheme share two launches
 
 
 @pytest.fixture(scope="module")
 def results():
-    """{P: [per case: [per rank: result]]}: one launch per world size."""
-    return launch_cases(CASES)
+    """{P: [per case: [per rank: result]]}: from one launch per world size, shared by every scheme's tests."""
+    return distributed_cases.scheme_results("ulysses")
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

@@ -37,3 +37,12 @@ def test_masks_are_white_where_blocked_and_dark_where_allowed():
     rgba = ax.images[0].to_rgba(ax.images[0].get_array())
     assert np.allclose(rgba[0, 1, :3], 1.0)  # blocked: white
     assert rgba[0, 0, :3].max() < 0.45  # allowed: dark
+
+
+def test_chapter_15s_drawings_are_mha_plot_names_too():
+    """They live in mha.plot_ranks; chapter 15 calls them as mha.plot.<name>."""
+    from mha import plot_ranks
+    for name in ("rank_bars", "rank_colours", "rank_grids", "rank_legend", "tensor_parallel_weights"):
+        assert getattr(plot, name) is getattr(plot_ranks, name)
+    with pytest.raises(ValueError, match="up to 10 ranks, got world_size=11"):
+        plot.rank_colours(11)

@@ -21,19 +21,20 @@ import os
 import shutil
 import subprocess
 import zipfile
-from dataclasses import dataclass
 
 import nbformat
 import pytest
 
 from conftest import ROOT
-from test_grading import CHAPTER, student_notebook, with_key_code
+from handouts import shared_handout, student_notebook, with_key_code
 
 from tools.grading import exports, grade, make_gradescope
-from tools.publishing import handout_manifest, make_handout
+from tools.grading.notebook import Row
+from tools.publishing import handout_manifest
 
 SECRET = "the instructor's own secret"
 ASSIGNMENT = "5"  # chapter 5: five checks, 6 points
+CHAPTER = ROOT / "book" / "05_fused_heads_and_masks.ipynb"
 MAXIMUM = 6
 OTHERS = ["13_todays_models.ipynb", "14_a_model_that_writes.ipynb"]  # their keys: honest, solved notebooks
 VISIBILITIES = {"hidden", "after_due_date", "after_published", "visible"}
@@ -66,9 +67,9 @@ def assert_valid_results(results):
 
 @pytest.fixture(scope="module")
 def autograder(tmp_path_factory):
-    """(the zip, the handout it was made from)."""
+    """(the zip, the handout it was made from: the one the test files of this run share, read only)."""
     folder = tmp_path_factory.mktemp("gradescope")
-    handout = make_handout.make_handout(folder / "handout", build_html=False, repository=None)
+    handout = shared_handout(tmp_path_factory)
     zip_path = make_gradescope.make_autograder(folder / "autograder.zip", handout / "student" / "exercises.json",
                                                secret=SECRET, assignment=ASSIGNMENT)
     return zip_path, handout
@@ -103,9 +104,9 @@ def start(root):
 def graded(autograder, tmp_path_factory):
     """results.json of each submission, every run_autograder at once: {name: (results, its output)}."""
     zip_path, handout = autograder
-    key = with_key_code(student_notebook(handout))
+    key = with_key_code(student_notebook(handout, CHAPTER), CHAPTER)
     submissions = {"key": {CHAPTER.name: key},
-                   "handout": {CHAPTER.name: student_notebook(handout)},
+                   "handout": {CHAPTER.name: student_notebook(handout, CHAPTER)},
                    "nothing": {},
                    # The reviewer's attack: the assignment's notebook, a copy, and other chapters solved.
                    "attack": {CHAPTER.name: key, f"{CHAPTER.stem} (1).ipynb": key,
@@ -220,7 +221,7 @@ def test_grade_py_grades_the_assignment_alone(autograder, tmp_path):
     """--assignment: a list of exercises of chapter 5 (one check); chapter 13's key gets one failed row of
     the assignment, not chapter 13's rows; the roster's column is named after the assignment."""
     _, handout = autograder
-    nbformat.write(with_key_code(student_notebook(handout)), tmp_path / "ada.ipynb")
+    nbformat.write(with_key_code(student_notebook(handout, CHAPTER), CHAPTER), tmp_path / "ada.ipynb")
     nbformat.write(key_of(handout, OTHERS[0]), tmp_path / "bob.ipynb")
     (tmp_path / "roster.csv").write_text("notebook,lms_id\nada,a\nbob,b\n")
     manifest = str(handout / "student" / "exercises.json")
@@ -283,18 +284,6 @@ ROWS = [
     {"student": "bob/ch1", "exercise": "ex-ch1-softmax", "check": "check_softmax", "passed": True, "message": "",
      "points": 0.5, "max_points": 0.5, "chapter": "01"},
 ]
-
-
-@dataclass
-class Row:  # as tools/grading/grade.py holds its rows before writing grades.json
-    student: str
-    exercise: str
-    check: str
-    passed: bool
-    message: str
-    points: float
-    max_points: float
-    chapter: str
 
 
 def test_gradescope_results_of_one_notebook():

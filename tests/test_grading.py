@@ -18,10 +18,10 @@ import nbformat
 import pytest
 
 from conftest import CHAPTERS, ROOT
-from test_handout import code_solutions
+from handouts import shared_handout, student_notebook, with_key_code
 
 from tools.grading import check_cells, grade, notebook_slice
-from tools.publishing import handout_manifest, make_handout
+from tools.publishing import handout_manifest
 
 CHAPTER = ROOT / "book" / "05_fused_heads_and_masks.ipynb"
 WRONG_MERGE = '''def merge_heads(X):
@@ -38,20 +38,8 @@ def split_heads(X, n_heads):
 
 @pytest.fixture(scope="module")
 def handout(tmp_path_factory):
-    return make_handout.make_handout(tmp_path_factory.mktemp("handout") / "out", build_html=False, repository=None)
-
-
-def student_notebook(handout):
-    return nbformat.read(handout / "student" / "book" / CHAPTER.name, as_version=4)
-
-
-def with_key_code(notebook):
-    """The student notebook with the key's code in every stub."""
-    codes = [code for _, code, _ in code_solutions(CHAPTER) if make_handout.stub_for(code)]
-    stubs = [c for c in notebook.cells if "exercise-stub" in c.metadata.get("tags", [])]
-    for stub, code in zip(stubs, codes, strict=True):
-        stub.source = code
-    return notebook
+    """The handout that the test files of this run share (tests/handouts.py): read only."""
+    return shared_handout(tmp_path_factory)
 
 
 def cell_with(notebook, text):
@@ -73,10 +61,10 @@ def tampered(notebook):
 def graded(handout, tmp_path_factory):
     """grade.py run on a class of three: (exit code, rows of grades.json, of grades.csv, stdout, stderr)."""
     folder = tmp_path_factory.mktemp("submissions")
-    stubs = student_notebook(handout)
+    stubs = student_notebook(handout, CHAPTER)
     stubs.cells.remove(cell_with(stubs, "def multihead_attention"))  # a missing function
-    for name, notebook in [("ada", with_key_code(student_notebook(handout))), ("bob", stubs),
-                           ("cy", tampered(with_key_code(student_notebook(handout))))]:
+    for name, notebook in [("ada", with_key_code(student_notebook(handout, CHAPTER), CHAPTER)), ("bob", stubs),
+                           ("cy", tampered(with_key_code(student_notebook(handout, CHAPTER), CHAPTER)))]:
         nbformat.write(notebook, folder / f"{name}.ipynb")
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -172,7 +160,7 @@ CHECK_CELL = "from mha.checks import check_causal_mask\ncheck_causal_mask(causal
     ("from mha.checks import check_causal_mask as c\nc(causal_mask)", "renamed"),
 ])
 def test_each_way_of_tampering_is_named(handout, replacement, how):
-    notebook = student_notebook(handout)
+    notebook = student_notebook(handout, CHAPTER)
     cell_with(notebook, CHECK_CELL).source = replacement
     manifest = handout_manifest.read_manifest(handout / "student" / "exercises.json")
     exercise = next(e for c in manifest["chapters"] for e in c["exercises"] if e["label"] == "ex-ch5-causal-mask")

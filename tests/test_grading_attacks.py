@@ -20,8 +20,9 @@ import pytest
 
 from attacks import escape_to_the_library
 from conftest import ROOT
-from test_grading import grade, make_handout
-from test_handout import code_solutions
+from handouts import shared_handout, student_notebook, with_key_code
+
+from tools.grading import grade
 
 CHAPTER_12 = "12_modern_attention.ipynb"
 CHAPTER_1 = "01_weighted_average.ipynb"
@@ -206,12 +207,7 @@ KEYS = ["01_weighted_average.ipynb", "08_attention_at_scale.ipynb", "11_training
 
 def key_notebook(handout, chapter):
     """The handout's notebook of `chapter` with the key's code in every stub: the book's own answers."""
-    notebook = nbformat.read(handout / "student" / "book" / chapter, as_version=4)
-    codes = [code for _, code, _ in code_solutions(ROOT / "book" / chapter) if make_handout.stub_for(code)]
-    stubs = [c for c in notebook.cells if "exercise-stub" in c.metadata.get("tags", [])]
-    for stub, code in zip(stubs, codes, strict=True):
-        stub.source = code
-    return notebook
+    return with_key_code(student_notebook(handout, chapter), ROOT / "book" / chapter)
 
 
 # What the report must say for the attacks whose reason is the grader's to name.
@@ -226,7 +222,7 @@ REASONS = {"ends_the_process": "worker ended", "hangs": "ran past", "hog": "GiB"
 
 def submission(handout, chapter, function, code):
     """The handout's notebook of `chapter` with the stub of `function` replaced by `code`."""
-    notebook = nbformat.read(handout / "student" / "book" / chapter, as_version=4)
+    notebook = student_notebook(handout, chapter)
     stub = next(c for c in notebook.cells if "exercise-stub" in c.metadata.get("tags", [])
                 and f"def {function}(" in c.source)
     stub.source = code
@@ -234,8 +230,9 @@ def submission(handout, chapter, function, code):
 
 
 def run_grade(folder, out, *extra):
+    """grade.py on the class in `folder`, against the list of exercises beside it."""
     code = grade.main([str(p) for p in sorted(folder.glob("*.ipynb"))] + [
-        "--manifest", str(folder.parent / "handout" / "student" / "exercises.json"), "--out", str(out),
+        "--manifest", str(folder.parent / "exercises.json"), "--out", str(out),
         "--jobs", "2", "--timeout", "20", "--notebook-timeout", "60", "--memory", "1", "--secret", "s3cret",
         *extra])
     return code, {(r["student"], r["check"]): r for r in json.loads((out / "grades.json").read_text())}
@@ -244,7 +241,8 @@ def run_grade(folder, out, *extra):
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     base = tmp_path_factory.mktemp("attacks")
-    handout = make_handout.make_handout(base / "handout", build_html=False, repository=None)
+    handout = shared_handout(tmp_path_factory)  # the one the test files of this run share: read only
+    shutil.copy(handout / "student" / "exercises.json", base / "exercises.json")
     folder = base / "class"
     folder.mkdir()
     for name, code in ATTACKS_12.items():

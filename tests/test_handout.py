@@ -13,6 +13,7 @@ import functools
 import html
 import io
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -24,7 +25,8 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from conftest import CHAPTERS, ROOT
-from leaks import crawl, found_in, normal, readable_texts, text_files
+from handouts import code_solutions, prose_solutions, shared_handout, solution_lines
+from leaks import crawl, found_in, readable_texts, text_files
 from site_browser import DESKTOP_FACTS, Visit, chromium_browser, serve
 
 from tools.publishing import colab_cell, handout_manifest, make_handout, student_copy
@@ -39,51 +41,6 @@ def exercises(path):
     return [(e["label"], e["kind"], e["difficulty"]) for e in handout_manifest.chapter_exercises(path)]
 
 
-def code_solutions(path):
-    """[(label, solution code, check code)] for the code exercises of a chapter."""
-    cells = nbformat.read(path, as_version=4).cells
-    found = []
-    for i, cell in enumerate(cells):
-        start = cell.cell_type == "markdown" and re.match(r":{3,}\{solution-start\} (\S+)", cell.source)
-        if start:
-            end = next(j for j in range(i, len(cells)) if "{solution-end}" in cells[j].source)
-            code = "\n\n".join(c.source for c in cells[i + 1: end] if c.cell_type == "code")
-            check = cells[end + 1].source if end + 1 < len(cells) else ""
-            found.append((start.group(1), code, check))
-    return found
-
-
-def solution_lines(path):
-    """What must not leak from a chapter's solutions: every line of solution code
-    (stub lines and imports excepted) and every sentence of the prose solutions."""
-    cells = nbformat.read(path, as_version=4).cells
-    pieces = []
-    for _, code, _ in code_solutions(path):
-        stub = set(make_handout.stub_for(code).splitlines())
-        pieces += [line for line in code.splitlines()
-                   if line not in stub and not re.match(r"\s*(import|from) \S+", line)]
-    for body in prose_solutions(cells):
-        pieces += [sentence for sentence in re.split(r"(?<=[.!?])\s+", body) if len(sentence) >= 30]
-    return [normal(piece) for piece in pieces if len(normal(piece)) >= 12]
-
-
-def prose_solutions(cells):
-    """The explanations of the solutions: Markdown cells between a {solution-start} and
-    its {solution-end}, and the bodies of {solution} directive blocks."""
-    bodies, inside = [], False
-    for cell in cells:
-        if cell.cell_type != "markdown":
-            continue
-        if re.match(r":{3,}\{solution-(start|end)\}", cell.source):
-            inside = "{solution-start}" in cell.source
-        elif inside:
-            bodies.append(cell.source)
-        else:
-            bodies += [" ".join(line for line in block.group(0).splitlines()[1:-1] if not line.startswith(":"))
-                       for block in make_handout.SOLUTION_BLOCK.finditer(cell.source)]
-    return bodies
-
-
 @functools.cache
 def distinctive_solution_lines():
     """Every chapter's solution lines, but those that the library's sources or the website
@@ -96,13 +53,22 @@ def distinctive_solution_lines():
 
 @pytest.fixture(scope="module")
 def handout(tmp_path_factory):
-    """The handout as `make handout` writes it when handout.yml names no student repository."""
-    return make_handout.make_handout(tmp_path_factory.mktemp("handout") / "out", repository=None)
+    """The handout as `make handout` writes it when handout.yml names no student repository, website
+    included: the one that the grading tests share (tests/handouts.py), built once per run. Read only."""
+    return shared_handout(tmp_path_factory, html=True)
 
 
 @pytest.fixture(scope="module")
 def handout_with_student_repository(tmp_path_factory):
+    """A handout of its own: with a student repository, its notebooks (install cell) and website (launch
+    buttons) differ from the shared handout's."""
     return make_handout.make_handout(tmp_path_factory.mktemp("handout") / "out", repository=STUDENT_REPOSITORY)
+
+
+@pytest.fixture(scope="module")
+def student_copy_to_run(handout, tmp_path_factory):
+    """The shared handout's student copy, copied: the notebooks run there, where they may write files."""
+    return Path(shutil.copytree(handout / "student", tmp_path_factory.mktemp("run") / "student"))
 
 
 def handout_files(handout):
@@ -222,8 +188,8 @@ def test_public_book_keeps_its_solutions():
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.stem for c in CHAPTERS])
-def test_student_notebook_stops_at_the_first_stub(handout, chapter):
-    student = handout / "student" / "book" / chapter.name
+def test_student_notebook_stops_at_the_first_stub(student_copy_to_run, chapter):
+    student = student_copy_to_run / "book" / chapter.name
     notebook = nbformat.read(student, as_version=4)
     stubs = [i for i, c in enumerate(notebook.cells) if "exercise-stub" in c.metadata.get("tags", [])]
     assert stubs, f"{chapter.name}: no stub in the student notebook"

@@ -4,7 +4,8 @@ The first code cell of every chapter (written by tools/publishing/colab_cell.py 
 _config.yml) installs the `mha` library when, and only when, it runs in Colab.
 Tested: the stored cells are exactly what the tool writes from _config.yml, the
 repository address is written nowhere else, the cell does nothing outside Colab,
-and, in a fresh virtual environment without `mha`, with a fake `google.colab`
+and, in a fresh virtual environment without `mha` (each run's own copy of one
+cached under .cache/venvs/ by the hash of its pins), with a fake `google.colab`
 module and the install source pointed at a copy of this checkout, chapters 1
 and 8 (which reads the benchmark tables stored in the library) run top to bottom
 on the freshly installed library and leave Colab's own
@@ -28,6 +29,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 from nbclient import NotebookClient
 
 from conftest import ROOT
+from venvs import cached_venv, fresh_copy
 
 from tools.publishing import colab_cell
 
@@ -177,19 +179,34 @@ def lower_bound(extra, package):
     return bound.replace(">=", "==")
 
 
+# How the Colab-like venv is installed. --no-compile: byte-compiling torch's thousands of files would
+# double the install time.
+COLAB_INSTALL = ["pip", "install", "--quiet", "--no-compile"]
+
+
+def colab_requirements():
+    """What the Colab-like venv installs: the pinned packages, and transformers at the lower bound of the
+    `pretrained` extra."""
+    return [*pins(VENV_PACKAGES), lower_bound("pretrained", "transformers")]
+
+
+def install_colab_packages(python):
+    """Colab's own packages into a fresh venv (tests/venvs.py caches it under .cache/venvs/)."""
+    installed = subprocess.run([str(python), "-m", *COLAB_INSTALL, *colab_requirements()],
+                               capture_output=True, text=True, timeout=900)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def colab_like(tmp_path_factory):
     """A fresh venv as Colab has it (numpy, torch, ... and transformers, here at the lower bound
-    of the `pretrained` extra), without mha; a fake `google.colab`; a kernel; a copy of this
-    checkout as the install source."""
+    of the `pretrained` extra), without mha: this run's own copy of the venv that tests/venvs.py
+    caches under .cache/venvs/ by the hash of its pins. A fake `google.colab`; a kernel; a copy
+    of this checkout as the install source."""
     root = tmp_path_factory.mktemp("colab")
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    cached = cached_venv("colab-like", COLAB_INSTALL + colab_requirements(), install_colab_packages)
+    venv = fresh_copy(cached, root / "venv")
     python = venv / "bin" / "python"
-    # --no-compile: byte-compiling torch's thousands of files would double the install time.
-    installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", *pins(VENV_PACKAGES),
-                                lower_bound("pretrained", "transformers")], capture_output=True, text=True, timeout=900)
-    assert installed.returncode == 0, installed.stderr[-3000:]
     no_mha = subprocess.run([str(python), "-c", "import mha"], capture_output=True, text=True)
     assert no_mha.returncode != 0 and "No module named 'mha'" in no_mha.stderr, "the fresh venv already sees mha"
     fake = make_fake_colab(root / "fake_colab")

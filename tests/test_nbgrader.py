@@ -4,13 +4,15 @@ nbgrader is not in requirements.txt (it brings JupyterLab, Notebook 7, Jupyter
 Server and some 45 other packages that the course does not need). As the
 instructors' page advises, it goes into the course's environment: here a fresh
 virtual environment that sees the course's packages (a .pth file adds the
-course's site-packages), into which pip installs nbgrader from PyPI. The test
-checks that nbgrader brings no other version of any course package, then, on
+course's site-packages), into which pip installs nbgrader from PyPI, once: each
+run gets its own copy of the venv cached under .cache/venvs/, and runs nbgrader
+as `python -m nbgrader`. The test checks that nbgrader brings no other version
+of any course package, then, on
 chapter 1: `nbgrader generate_assignment` (no line of any solution survives in
 the release), a right and a wrong submission (softmax over the last axis
 whatever `axis` says), `nbgrader autograde`, and the scores in nbgrader's
-gradebook. Without network access the round trip skips with the reason, unless
-the environment variable CI is set: then it fails.
+gradebook. Without network access and without a cached venv the round trip skips
+with the reason, unless the environment variable CI is set: then it fails.
 """
 
 import copy
@@ -18,15 +20,17 @@ import json
 import os
 import re
 import subprocess
-import sys
 import sysconfig
 from importlib import metadata
+from pathlib import Path
 
 import nbformat
 import pytest
 
 from conftest import CHAPTERS
-from test_handout import normal, solution_lines
+from handouts import solution_lines
+from leaks import normal
+from venvs import cached_venv, fresh_copy, purelib
 
 from tools.publishing import nbgrader_source
 from tools.publishing.handout_manifest import chapter_exercises
@@ -88,24 +92,38 @@ def unavailable(reason):
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="module")
-def nbgrader_env(tmp_path_factory):
-    """PATH and JUPYTER_PATH of a virtual environment with nbgrader on top of the course's packages."""
-    root = tmp_path_factory.mktemp("nbgrader")
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    course_site = sysconfig.get_paths()["purelib"]
-    (venv / site / "course.pth").write_text(f"import site; site.addsitedir({course_site!r})\n")
-    installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", NBGRADER],
-                               capture_output=True, text=True, timeout=600)
+NBGRADER_INSTALL = ["pip", "install", "--quiet", "--no-compile", NBGRADER]
+
+
+def distribution_names(site, versions=False):
+    """The distributions installed in a site-packages folder: lower-case names (`name==version` with versions)."""
+    return {d.metadata["Name"].lower() + (f"=={d.version}" if versions else "")
+            for d in metadata.distributions(path=[site])}
+
+
+def install_nbgrader(python, course_site):
+    """nbgrader into a fresh venv that sees the course's packages (a .pth file adds their site-packages),
+    so that pip adds only what the course lacks (tests/venvs.py caches it under .cache/venvs/)."""
+    (Path(purelib(python)) / "course.pth").write_text(f"import site; site.addsitedir({course_site!r})\n")
+    installed = subprocess.run([str(python), "-m", *NBGRADER_INSTALL], capture_output=True, text=True, timeout=600)
     if installed.returncode != 0 and NO_NETWORK.search(installed.stderr):
         unavailable(f"pip could not download {NBGRADER}: {installed.stderr.strip().splitlines()[-1]}")
     assert installed.returncode == 0, installed.stderr[-3000:]
-    added = {d.metadata["Name"].lower() for d in metadata.distributions(path=[site])} - {"pip", "setuptools"}
-    course = {d.metadata["Name"].lower() for d in metadata.distributions(path=[course_site])}
+
+
+@pytest.fixture(scope="module")
+def nbgrader_env(tmp_path_factory):
+    """PATH and JUPYTER_PATH of a virtual environment with nbgrader on top of the course's packages: this
+    run's own copy of the venv cached under .cache/venvs/ by the hash of nbgrader's pin and of the course's
+    packages (their folder, names and versions), which decide what pip adds."""
+    root = tmp_path_factory.mktemp("nbgrader")
+    course_site = sysconfig.get_paths()["purelib"]
+    inputs = NBGRADER_INSTALL + [f"course site-packages: {course_site}"] + sorted(distribution_names(course_site, True))
+    cached = cached_venv("nbgrader", inputs, lambda python: install_nbgrader(python, course_site))
+    venv = fresh_copy(cached, root / "venv")
+    python = venv / "bin" / "python"
+    added = distribution_names(purelib(python)) - {"pip", "setuptools"}
+    course = distribution_names(course_site)
     assert not added & course, f"nbgrader brings other versions of course packages: {added & course}"
     kernel = root / "jupyter" / "kernels" / "python3"  # the kernel that grades: this environment's Python
     kernel.mkdir(parents=True)
@@ -142,7 +160,7 @@ def key_answers(source):
 
 def test_nbgrader_scores_a_right_and_a_wrong_submission(nbgrader_env, tmp_path):
     course = nbgrader_source.write_nbgrader_source(tmp_path)
-    nbgrader(nbgrader_env, course, "nbgrader", "generate_assignment", ASSIGNMENT)
+    nbgrader(nbgrader_env, course, "python", "-m", "nbgrader", "generate_assignment", ASSIGNMENT)
     release = nbformat.read(course / "release" / ASSIGNMENT / CHAPTER.name, as_version=4)
     released_text = normal(" ".join(c.source for c in release.cells))
     leaked = [line for line in solution_lines(CHAPTER) if line in released_text]
@@ -152,7 +170,7 @@ def test_nbgrader_scores_a_right_and_a_wrong_submission(nbgrader_env, tmp_path):
     code_only = {k: v for k, v in key.items() if not k.endswith("-answer")}  # written answers left blank
     submit(course, "right", release, key)
     submit(course, "wrong", release, {**code_only, f"{SOFTMAX}-solution": WRONG_SOFTMAX})
-    nbgrader(nbgrader_env, course, "nbgrader", "autograde", ASSIGNMENT)
+    nbgrader(nbgrader_env, course, "python", "-m", "nbgrader", "autograde", ASSIGNMENT)
     scores = json.loads(nbgrader(nbgrader_env, course, "python", "-c", SCORES, CHAPTER.stem, ASSIGNMENT,
                                  "right", "wrong"))
 

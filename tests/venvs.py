@@ -1,0 +1,72 @@
+"""Virtual environments for the environment tests, installed once and copied fresh for every run.
+
+`cached_venv(name, inputs, install)` is the folder `.cache/venvs/<name>-<hash>/` (git-ignored),
+the hash taken over `inputs` (what determines the install: the requirement lines, pip's flags,
+any other input the caller names) and the Python that makes it (its version and executable).
+It is built when missing: `python -m venv` into a temporary sibling, `install(python)` there,
+then a rename, so that an interrupted build never leaves a half venv; a lock keeps two
+processes from building it at once. A changed pin gives another hash, hence a new venv.
+
+`fresh_copy(venv, target)` copies it for one run (tests/test_colab.py, tests/test_nbgrader.py):
+what a test installs or changes there never reaches the cache. Run the copy's `bin/python -m ...`,
+never its scripts (`bin/pip`, `bin/nbgrader`): their first lines name the folder it was built in.
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache" / "venvs"
+
+
+def venv_hash(inputs):
+    """16 hex digits over the inputs and the Python that makes the venv."""
+    python = {"version": sys.version, "machine": platform.machine(),
+              "base": os.path.realpath(getattr(sys, "_base_executable", sys.executable))}
+    text = json.dumps({"inputs": list(inputs), "python": python}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cached_venv(name, inputs, install):
+    """The cached venv `name` for these inputs, built first when missing.
+
+    `install(python)` installs into a fresh venv whose interpreter is `python`; it raises (or
+    calls pytest.skip) to refuse it, and then nothing is cached."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    venv = CACHE / f"{name}-{venv_hash(inputs)}"
+    if (venv / "pyvenv.cfg").exists():
+        return venv
+    with open(venv.with_name(venv.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if venv.exists():
+            return venv  # built by another process while this one waited
+        for stale in CACHE.glob(f"{venv.name}.building-*"):  # left by an interrupted build
+            shutil.rmtree(stale, ignore_errors=True)
+        building = Path(tempfile.mkdtemp(prefix=f"{venv.name}.building-", dir=CACHE))
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(building)], check=True)
+            install(building / "bin" / "python")
+            building.rename(venv)
+        finally:
+            shutil.rmtree(building, ignore_errors=True)  # gone already when renamed
+    return venv
+
+
+def fresh_copy(venv, target):
+    """A copy of the venv at `target` (its links to the base interpreter kept as links); `target`."""
+    shutil.copytree(venv, target, symlinks=True)
+    return Path(target)
+
+
+def purelib(python):
+    """The site-packages folder of a venv's interpreter."""
+    return subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()

@@ -13,7 +13,7 @@ import numpy as np
 
 import mha.checks  # noqa: F401 - every chapter's checks, registered
 from mha.checks import registry
-from mha.checks.ch11 import ToyLanguageModel
+from mha.checks.common import ToyLanguageModel
 from mha.checks.compare import describe_case
 from tools.grading import wire
 from tools.grading.sandbox import LimitReached

@@ -5,13 +5,11 @@ import math
 
 import numpy as np
 
+from mha.checks.common import naive_softmax
 from mha.checks.inputs import batch, normal, scores_far_apart, sizes
 from mha.checks.reference import NUMPY as mn
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
-
-# What the exercises may not call (`forbids`): see mha.checks.routes (the names below stay importable from here).
-from mha.checks.routes import (ATTENTION_ROUTES, BLOCK_ROUTES, SELF_ATTENTION_FORBIDS, SOFTMAX_FORBIDS,  # noqa: F401
-                               SOFTMAX_ROUTES, routes_but)
+from mha.checks.routes import SELF_ATTENTION_FORBIDS, SOFTMAX_FORBIDS
 
 
 # softmax ------------------------------------------------------------------------------
@@ -118,24 +116,6 @@ def softmax_log_sum_exp_global_max(x, axis=-1):
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         lse = x.max() + np.log(np.exp(x - x.max()).sum(axis=axis, keepdims=True))
         return np.exp(x - lse)
-
-
-def naive_softmax(scores, mask=None, *, shift=None, zero_when_empty=False):
-    """A softmax over the last axis as learners write it by hand, right for a row with nothing to attend to
-    (zero weights), for the attention checks' mistakes: with shift=None exp overflows above 709; with
-    shift="global" the maximum of ALL the scores is subtracted, so a row far below it underflows to 0 / 0 (to
-    zeros with zero_when_empty, as when a learner guards the rows that sum to 0). A masked entry is -inf."""
-    scores = np.asarray(scores)
-    keep = np.ones(scores.shape, dtype=bool) if mask is None else np.broadcast_to(mask, scores.shape)
-    with np.errstate(over="ignore", invalid="ignore"):
-        scores = np.where(keep, scores, -np.inf)
-        if shift == "global":
-            finite = scores[np.isfinite(scores)]
-            scores = scores - (finite.max() if finite.size else 0.0)
-        e = np.exp(scores)
-        total = e.sum(axis=-1, keepdims=True)
-        w = np.divide(e, total, out=np.zeros_like(e), where=total > 0) if zero_when_empty else e / total
-        return np.where(keep.any(axis=-1, keepdims=True), w, 0.0)
 
 
 check_softmax = make_check("softmax")

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from mha.checks.ch01 import naive_softmax
+from mha.checks.common import naive_softmax
 from mha.checks.inputs import batch, different_sizes, normal, scores_far_apart, sizes, weights
 from mha.checks.reference import NUMPY as mn
 from mha.checks.routes import SYMMETRIC_ATTENTION_FORBIDS

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from mha.checks.ch01 import naive_softmax
+from mha.checks.common import head_with_own_softmax, sdpa_with_own_softmax
 from mha.checks.inputs import (a_masked_row, batch, causal, different_sizes, far_apart, key_only_mask, normal,
                                sizes, weights, with_an_empty_row)
 from mha.checks.reference import NUMPY as mn
@@ -109,12 +109,6 @@ def sdpa_query_axis(Q, K, V, mask=None):
     return w @ V, w
 
 
-def sdpa_with_own_softmax(Q, K, V, mask, shift):
-    """Scaled dot-product attention, right but for a softmax written by hand (see naive_softmax)."""
-    w = naive_softmax(Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1]), mask, shift=shift)
-    return w @ V, w
-
-
 @mistake("scaled_dot_product_attention", "exp overflows on scores above 709: subtract each row's maximum before "
          "exponentiating (mnp.masked_softmax does)")
 def sdpa_softmax_without_max(Q, K, V, mask=None):
@@ -192,13 +186,6 @@ def head_attention_scaled_by_input(X, W_q, W_k, W_v=None, *, context=None, mask=
     V = source if W_v is None else source @ W_v
     scale = math.sqrt(Q.shape[-1] / X.shape[-1])  # turns 1/sqrt(d_head) into 1/sqrt(d)
     return mn.scaled_dot_product_attention(Q * scale, K, V, mask)
-
-
-def head_with_own_softmax(X, W_q, W_k, W_v, context, mask, shift):
-    """One head, right but for a softmax written by hand (see naive_softmax)."""
-    source = X if context is None else context
-    V = source if W_v is None else source @ W_v
-    return sdpa_with_own_softmax(X @ W_q, source @ W_k, V, mask, shift)
 
 
 @mistake("head_attention", "exp overflows on scores above 709: subtract each row's maximum before "

@@ -3,7 +3,7 @@ its catalogued mistakes."""
 
 import numpy as np
 
-from mha.checks.ch03 import head_with_own_softmax
+from mha.checks.common import head_with_own_softmax
 from mha.checks.inputs import causal, different_sizes, far_apart, normal, sizes, weights, with_an_empty_row
 from mha.checks.reference import NUMPY as mn
 from mha.checks.routes import LOOP_ROUTES
@@ -62,7 +62,7 @@ def loop_random_cases(r):
 
 
 def _loop(X, heads, W_o, *, context=None, mask=None, project=True, mask_per_head=True, shift="row"):
-    """The loop over heads with one step changed, as the flags say (shift: see ch01.naive_softmax)."""
+    """The loop over heads with one step changed, as the flags say (shift: see mha.checks.common.naive_softmax)."""
     source = X if context is None else context
     shape = (*np.broadcast_shapes(X.shape[:-2], source.shape[:-2]), len(heads), X.shape[-2], source.shape[-2])
     full = None if mask is None else np.broadcast_to(mask, shape)

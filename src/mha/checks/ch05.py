@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from mha.checks.ch01 import naive_softmax
+from mha.checks.common import (multihead_softmax_global_max, multihead_softmax_without_max,
+                               multihead_with_own_softmax)
 from mha.checks.inputs import (a_masked_row, attention_params, batch, cast, causal, far_apart, normal, padding,
                                sizes, with_an_empty_row)
 from mha.checks.reference import NUMPY as mn
@@ -224,10 +225,10 @@ def multihead_random_cases(r):
 
 
 def _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, *, split=mn.split_heads, merge=mn.merge_heads,
-           scale_by=None, biases=True, project_out=True, flip_mask=False, nan_when_empty=False, softmax=None):
+           scale_by=None, biases=True, project_out=True, flip_mask=False, nan_when_empty=False):
     """Multi-head attention with one step changed, as the keywords say; `scale_by(X, Q, n_heads)` is
-    the width whose square root divides the scores (default d_head); `softmax(scores, mask)` replaces
-    the masked softmax."""
+    the width whose square root divides the scores (default d_head). (A softmax written by hand:
+    mha.checks.common.multihead_with_own_softmax.)"""
     bias = {b: kw.get(b) if biases else None for b in ("b_q", "b_k", "b_v", "b_o")}
     source = X if kw.get("context") is None else kw["context"]
     Q, K, V = (split(a @ W + (0 if bias[b] is None else bias[b]), n_heads)
@@ -235,9 +236,7 @@ def _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, *, split=mn.split_heads, merge=mn
     width = Q.shape[-1] if scale_by is None else scale_by(X, Q, n_heads)
     scores, mask = Q @ np.swapaxes(K, -1, -2) / math.sqrt(width), kw.get("mask")
     mask = None if mask is None else (~np.asarray(mask) if flip_mask else mask)
-    if softmax is not None:
-        w = softmax(scores, mask)
-    elif nan_when_empty:
+    if nan_when_empty:
         with np.errstate(invalid="ignore"):
             w = mn.softmax(scores if mask is None else np.where(mask, scores, -np.inf))
     else:
@@ -300,20 +299,19 @@ def mha_nan_on_a_masked_row(X, W_q, W_k, W_v, W_o, n_heads, **kw):
 @mistake("multihead_attention", "exp overflows on scores above 709: subtract each row's maximum (over its "
          "allowed keys) before exponentiating")
 def mha_softmax_without_max(X, W_q, W_k, W_v, W_o, n_heads, **kw):
-    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, softmax=lambda s, m: naive_softmax(s, m, shift=None))
+    return multihead_softmax_without_max(X, W_q, W_k, W_v, W_o, n_heads, **kw)
 
 
 @mistake("multihead_attention", "subtract each row's own maximum, not the maximum of all the scores (every row, "
          "head and sequence): a row far below it underflows to 0 / 0")
 def mha_softmax_global_max(X, W_q, W_k, W_v, W_o, n_heads, **kw):
-    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw, softmax=lambda s, m: naive_softmax(s, m, shift="global"))
+    return multihead_softmax_global_max(X, W_q, W_k, W_v, W_o, n_heads, **kw)
 
 
 @mistake("multihead_attention", "subtract each row's own maximum, not the maximum of all the scores (every row, "
          "head and sequence): a row far below it underflows to all-zero weights, as if it had no key to attend to")
 def mha_softmax_global_max_guarded(X, W_q, W_k, W_v, W_o, n_heads, **kw):
-    return _fused(X, W_q, W_k, W_v, W_o, n_heads, kw,
-                  softmax=lambda s, m: naive_softmax(s, m, shift="global", zero_when_empty=True))
+    return multihead_with_own_softmax(X, W_q, W_k, W_v, W_o, n_heads, shift="global", zero_when_empty=True, **kw)
 
 
 check_multihead_attention = make_check("multihead_attention")

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from mha.checks.ch05 import mha_softmax_global_max, mha_softmax_without_max
+from mha.checks.common import multihead_softmax_global_max, multihead_softmax_without_max
 from mha.checks.inputs import (attention_params, batch, cast, causal, normal, padding, scores_far_apart, sizes,
                                weights)
 from mha.checks.reference import NUMPY as mn
@@ -235,14 +235,14 @@ def block_without_activation(X, n_heads, *, mask=None, norm_first=False, eps=1e-
          "before exponentiating (mnp.multihead_attention does)")
 def block_softmax_without_max(X, n_heads, *, mask=None, norm_first=False, eps=1e-5, activation="relu", **params):
     return _block(X, n_heads, params, mask=mask, norm_first=norm_first, eps=eps, activation=activation,
-                  attention_fn=mha_softmax_without_max)
+                  attention_fn=multihead_softmax_without_max)
 
 
 @mistake("encoder_block", "in the attention's softmax, subtract each row's own maximum, not the maximum of all "
          "the scores: a row far below it underflows to 0 / 0")
 def block_softmax_global_max(X, n_heads, *, mask=None, norm_first=False, eps=1e-5, activation="relu", **params):
     return _block(X, n_heads, params, mask=mask, norm_first=norm_first, eps=eps, activation=activation,
-                  attention_fn=mha_softmax_global_max)
+                  attention_fn=multihead_softmax_global_max)
 
 
 check_encoder_block = make_check("encoder_block")

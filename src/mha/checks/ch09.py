@@ -3,7 +3,7 @@ catalogued mistakes."""
 
 import numpy as np
 
-from mha.checks.ch05 import mha_softmax_global_max, mha_softmax_without_max
+from mha.checks.common import multihead_softmax_global_max, multihead_softmax_without_max
 from mha.checks.inputs import (attention_params, batch, cast, normal, padding, scores_far_apart, sizes, weights,
                                with_an_empty_row)
 from mha.checks.reference import NUMPY as mn
@@ -74,10 +74,10 @@ def _decoder(X, memory, n_heads, *, wrong, self_mask=None, memory_mask=None, cau
              eps=1e-5, activation="relu", **params):
     """mha.numpy.decoder_block with one step done `wrong`: "cross_from_target", "ignore_causal",
     "norm_memory", "flip_norm", or the attention's softmax written by hand, "softmax_without_max" or
-    "softmax_global_max" (see mha.checks.ch01.naive_softmax)."""
+    "softmax_global_max" (see mha.checks.common.naive_softmax)."""
     p = {k: params.get(k) for k in mn.DECODER_BLOCK_PARAMS}
-    attention = {"softmax_without_max": mha_softmax_without_max,
-                 "softmax_global_max": mha_softmax_global_max}.get(wrong, mn.multihead_attention)
+    attention = {"softmax_without_max": multihead_softmax_without_max,
+                 "softmax_global_max": multihead_softmax_global_max}.get(wrong, mn.multihead_attention)
 
     def attend(part, x, context, mask):
         return attention(x, n_heads=n_heads, context=context, mask=mask,

@@ -3,6 +3,7 @@ and their catalogued mistakes."""
 
 import numpy as np
 
+from mha.checks.common import ToyLanguageModel
 from mha.checks.inputs import batch, normal, sizes
 from mha.checks.reference import NUMPY as mn
 from mha.checks.routes import CAUSAL_LM_LOSS_FORBIDS, GENERATE_GREEDY_FORBIDS
@@ -135,33 +136,7 @@ def lm_loss_without_minus(logits, tokens):
 check_causal_lm_loss = make_check("causal_lm_loss")
 
 # generate_greedy: the generation loop --------------------------------------------------------
-
-
-class ToyLanguageModel:
-    """A stand-in for a language model: tokens (..., T) -> logits (..., T, V). The logits at position t
-    depend on every token up to t and on its position in the context it is given, through a fixed random
-    table, so that a loop that feeds too little (or too much, or the wrong) context gets other answers.
-    Any integer id is taken (ids are read modulo V), so that a wrong loop gets a wrong answer, not a crash."""
-
-    def __init__(self, r, vocab_size):
-        self.vocab_size = vocab_size
-        self.table = r.standard_normal((vocab_size, vocab_size))  # row h: the logits after context summary h
-
-    def __call__(self, tokens):
-        tokens = np.asarray(tokens)
-        if tokens.dtype == bool or not np.issubdtype(tokens.dtype, np.integer):
-            raise TypeError(f"the model takes integer token ids, got dtype {tokens.dtype}")
-        weighted = tokens * (np.arange(tokens.shape[-1]) + 2)  # (..., T): token s counts s + 2 times
-        summary = np.cumsum(weighted, axis=-1) % self.vocab_size  # (..., T): depends on tokens 0 .. t
-        return self.table[summary]  # (..., T, V)
-
-    def __eq__(self, other):  # the same model: the same table (a copy of a case's model equals it)
-        return isinstance(other, ToyLanguageModel) and np.array_equal(self.table, other.table)
-
-    __hash__ = None
-
-    def __repr__(self):
-        return f"a toy model over {self.vocab_size} tokens"
+# (its cases hand it a mha.checks.common.ToyLanguageModel, which crosses the grader's wire as its table)
 
 
 @cases_for("generate_greedy", may_use="NumPy and a Python loop", forbids=GENERATE_GREEDY_FORBIDS)

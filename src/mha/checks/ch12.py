@@ -3,7 +3,7 @@
 
 import numpy as np
 
-from mha.checks.ch01 import naive_softmax
+from mha.checks.common import naive_softmax
 from mha.checks.inputs import batch, normal, sizes, with_an_empty_row
 from mha.checks.reference import NUMPY as mn
 from mha.checks.routes import APPLY_ROTARY_FORBIDS, CACHE_ROUTES, GROUPED_ROUTES, KV_CACHE_BYTES_FORBIDS
@@ -195,7 +195,7 @@ def attend_with_cache_random_cases(r):
 
 
 def _attention_with_own_softmax(q, K, V, mask, shift):
-    """Scaled dot-product attention with a softmax written by hand (mha.checks.ch01.naive_softmax: shift=None
+    """Scaled dot-product attention with a softmax written by hand (mha.checks.common.naive_softmax: shift=None
     overflows above 709, shift="global" subtracts the maximum of all the scores)."""
     weights = naive_softmax(q @ np.swapaxes(K, -1, -2) / q.shape[-1] ** 0.5, mask, shift=shift)
     return weights @ V, weights

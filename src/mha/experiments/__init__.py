@@ -4,8 +4,9 @@
 - `counting`: parameters and multiply-adds of attention layers and blocks (chapters 4, 5, 8);
 - `stacks`: random encoder stacks, and what residual sums and the LayerNorm's place do to
   them (chapter 6);
-- `heads`: why heads end up different: the two-relation task, heads that own their
-  block of W_o, identical heads, knock-outs (chapter 7);
+- `heads`: why heads end up different: the two-relation task and the trainings over seeds
+  (chapter 7); `summed_heads`: its model, heads that own their block of W_o, identical
+  heads, knock-outs;
 - `pretrained`: all-MiniLM-L6-v2 loaded into `mha.torch.Encoder`, and hand-labelled
   sentences to find its syntactic heads (chapter 7);
 - `sharing`: what sharing keys and values costs, grouped-query attention trained on

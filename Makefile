@@ -52,26 +52,28 @@ lab: $(STAMP)
 
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-test: $(STAMP) browser sandbox
-	$(TEST_ENV) $(BIN)/python -m pytest -n 2 --dist loadfile $(NBVAL) tests book
-	$(MAKE) --no-print-directory test-kernels
+# `make test`: one pytest session runs every test, and every chapter three times: under this CPU's
+# own kernels, PyTorch's generic ones and AVX2's (tests/kernel_passes.py: where this CPU's kernels
+# are AVX2, two times, the first with the AVX2 settings). Matrix kernels round differently on each
+# CPU and with each number of threads; stored outputs and claims must hold under all of them.
+# The work units start longest first (tests/unit_order.py); the run ends with a table of where
+# the time went (tests/stage_times.py), from the seconds that tests/unit_times.py records.
+TIMES := $(PYTHON) tests/stage_times.py
+SESSION := -n 2 --dist loadfile --no-loadscope-reorder $(NBVAL)
 
-# The same book on every CPU: re-execute every chapter, and the bit-for-bit test
-# of identical heads, under the kernels of other processors. Matrix kernels round
-# differently on each CPU and with each number of threads; stored outputs and
-# claims must hold under all of them. `make test` above ran the machine's own.
-#   generic:  PyTorch's portable kernels (no vector instructions), 1 thread
-#   avx2:     AVX2 kernels, as on a CPU without AVX-512, 2 threads
-KERNEL_TESTS := tests/test_heads.py book
-GENERIC_KERNELS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE OMP_NUM_THREADS=1
-AVX2_KERNELS := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=2
+test:
+	@$(TIMES) start
+	@$(MAKE) --no-print-directory $(STAMP) browser sandbox
+	@$(TIMES) mark "install: venv, chromium, MathJax, axe, bubblewrap"
+	@status=0; env $(TEST_ENV) MHA_KERNEL_PASSES=all MHA_TIMES=.cache/test-times/main.json \
+	  $(BIN)/python -m pytest $(SESSION) tests book || status=$$?; \
+	  $(TIMES) mark "pytest session: every test; the chapters under every kernel"; \
+	  $(TIMES) table; exit $$status
 
+# Only the chapters and the identical-heads test, under every kernel (part of `make test`)
 .PHONY: test-kernels
 test-kernels: $(STAMP)
-	@echo "== every chapter under generic kernels, 1 thread: $(GENERIC_KERNELS)"
-	env $(TEST_ENV) $(GENERIC_KERNELS) $(BIN)/python -m pytest -q -n 2 --dist loadfile $(NBVAL) $(KERNEL_TESTS)
-	@echo "== every chapter under AVX2 kernels, 2 threads: $(AVX2_KERNELS)"
-	env $(TEST_ENV) $(AVX2_KERNELS) $(BIN)/python -m pytest -q -n 2 --dist loadfile $(NBVAL) $(KERNEL_TESTS)
+	env $(TEST_ENV) MHA_KERNEL_PASSES=all $(BIN)/python -m pytest $(SESSION) tests/test_heads.py book
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis

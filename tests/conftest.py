@@ -13,7 +13,10 @@ import pytest
 import torch
 import yaml
 
+import kernel_passes
 import mha.numpy as mn
+import unit_order
+import unit_times
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -234,14 +237,14 @@ def built_site(tmp_path_factory):
     return build_site_once(folder)
 
 
-# The longest files start first: with `pytest -n 2 --dist loadfile` each file goes to one worker,
-# in collection order, so a long file collected last would leave the other worker idle at the end.
-SLOW_FIRST = ("test_site.py", "test_pdf.py", "test_publishing.py", "test_handout.py", "test_gradescope.py",
-              "test_nbgrader.py", "test_grading.py", "test_grading_attacks.py", "test_lab.py", "test_lm.py",
-              "11_training_a_transformer.ipynb", "07_why_heads_differ.ipynb", "13_todays_models.ipynb",
-              "14_a_model_that_writes.ipynb")
+# The run itself ---------------------------------------------------------------------------
+# Every chapter under other CPUs' kernels ($MHA_KERNEL_PASSES: tests/kernel_passes.py), the work units
+# longest first (tests/unit_order.py), and their seconds written to $MHA_TIMES (tests/unit_times.py).
+
+def pytest_configure(config):
+    unit_times.register(config)
 
 
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable: the rest keep order
+def pytest_collection_modifyitems(session, config, items):
+    items.extend(kernel_passes.add_kernel_passes(session, items))
+    items[:] = unit_order.longest_first(items)

@@ -17,7 +17,6 @@ CPU, float32, eval mode, no autograd, one thread. Each table checks that the two
 compares compute the same outputs (or tokens) before it times them, and interleaves their rounds.
 """
 
-import contextlib
 import copy
 import statistics
 import time
@@ -28,6 +27,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.llama import modeling_llama as llama
 
 import mha.torch as mt
+from mha.experiments.induction import one_thread
 from benchmarks.generation import ROPE_BASE, run_stack
 from benchmarks.harness import Table, compare, ms, print_tables, run_tables
 
@@ -163,17 +163,6 @@ def decoding_table(size):
         for T in size["dec_Ts"]:
             add_decoding_row(table, size, T)
     return table
-
-
-@contextlib.contextmanager
-def one_thread():
-    """torch on one thread inside the block, as many threads as before after it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def add_decoding_row(table, size, T):

@@ -20,6 +20,7 @@ import torch
 import mha.numpy as mnp
 import mha.torch as mt
 from mha.experiments import seeds
+from mha.experiments.induction import one_thread
 from mha.experiments.sharing import KV_HEADS
 
 SHARING = "ch12_sharing"
@@ -40,12 +41,8 @@ def test_a_stored_row_of_the_sharing_sweep_is_trained_again_within_its_tolerance
     """Seed 0, trained again on this machine's kernels. Measured on an AMD EPYC machine: 0 under the
     generic kernels, 1e-6 under its default kernels and under ATEN_CPU_CAPABILITY=avx2, with one
     thread or two; the tolerance, 1e-3, leaves room for other CPUs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: one thread is the fastest
-    try:
+    with one_thread():  # tiny models: one thread is the fastest
         row, fresh, gap = seeds.rederive("ch12_sharing", 0)
-    finally:
-        torch.set_num_threads(threads)
     assert gap <= seeds.get_sweep(SHARING).tolerance, f"seed {row['seed']} re-derived {gap} apart"
 
 

@@ -282,7 +282,9 @@ def read_model(params, L=12):
 
 @contextmanager
 def one_thread():
-    """Train on one thread (the same sums in the same order on every run), then restore the setting."""
+    """torch on one thread inside the block (the same sums in the same order on every run; tiny models
+    run fastest so), as many threads as before after it. The course's one such helper: the training
+    tools, the benchmarks and the tests use it."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

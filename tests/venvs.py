@@ -8,8 +8,9 @@ then a rename, so that an interrupted build never leaves a half venv; a lock kee
 processes from building it at once. A changed pin gives another hash, hence a new venv.
 
 `fresh_copy(venv, target)` copies it for one run (tests/test_colab.py, tests/test_nbgrader.py):
-what a test installs or changes there never reaches the cache. Run the copy's `bin/python -m ...`,
-never its scripts (`bin/pip`, `bin/nbgrader`): their first lines name the folder it was built in.
+what a test installs or changes there never reaches the cache. A venv's scripts (`bin/pip`,
+`bin/alembic`, which nbgrader runs by name) name its interpreter by its path in their first
+lines: those lines are pointed at the venv's own folder after the rename and in every copy.
 """
 
 import fcntl
@@ -54,6 +55,7 @@ def cached_venv(name, inputs, install):
         try:
             subprocess.run([sys.executable, "-m", "venv", str(building)], check=True)
             install(building / "bin" / "python")
+            point_scripts(building, venv)
             building.rename(venv)
         finally:
             shutil.rmtree(building, ignore_errors=True)  # gone already when renamed
@@ -61,9 +63,27 @@ def cached_venv(name, inputs, install):
 
 
 def fresh_copy(venv, target):
-    """A copy of the venv at `target` (its links to the base interpreter kept as links); `target`."""
+    """A copy of the venv at `target` (its links to the base interpreter kept as links), its scripts run by
+    the copy's interpreter; `target`."""
     shutil.copytree(venv, target, symlinks=True)
+    point_scripts(target, target, venv)
     return Path(target)
+
+
+def point_scripts(venv, to, was=None):
+    """In the scripts of `venv`'s bin/, the venv's path `was` (default: `venv`) becomes `to` in the lines
+    that name the interpreter (pip writes the first, or the second after a `#!/bin/sh` for a long path)."""
+    was = str(Path(was or venv).resolve()).encode()
+    for script in (Path(venv) / "bin").iterdir():
+        if script.is_symlink() or not script.is_file():
+            continue
+        text = script.read_bytes()
+        if not text.startswith(b"#!"):
+            continue
+        lines = text.split(b"\n", 2)
+        lines[:2] = [line.replace(was, str(to).encode()) for line in lines[:2]]
+        if b"\n".join(lines) != text:
+            script.write_bytes(b"\n".join(lines))
 
 
 def purelib(python):

@@ -1,8 +1,9 @@
 # Two commands (see README.md):
 #   make book   build the course into _build/html
 #   make lab    open the chapters in JupyterLab, in a working copy (lab/)
-#   make test   install what is needed, then run every test, then re-run the
-#               chapters under other CPU kernels (test-kernels, below)
+#   make test   install what is needed, then run every test and every chapter under
+#               every CPU's kernels in one session, and print where the time went
+#   make quick  the same, for only what changed since it last passed (tests/quick.py)
 # Both create a virtual environment in .venv on first use. `make test` also
 # installs, when missing, what the browser test (tests/test_site.py) needs:
 # Debian's chromium (with apt-get, as root) and MathJax 3 (npm, into .cache/); and
@@ -65,10 +66,20 @@ test:
 	@$(TIMES) start
 	@$(MAKE) --no-print-directory $(STAMP) browser sandbox
 	@$(TIMES) mark "install: venv, chromium, MathJax, axe, bubblewrap"
+	@$(PYTHON) tests/quick.py snapshot
 	@status=0; env $(TEST_ENV) MHA_KERNEL_PASSES=all MHA_TIMES=.cache/test-times/main.json \
 	  $(BIN)/python -m pytest $(SESSION) tests book || status=$$?; \
 	  $(TIMES) mark "pytest session: every test; the chapters under every kernel"; \
+	  $(PYTHON) tests/quick.py record .cache/test-times/main.json >/dev/null; \
 	  $(TIMES) table; exit $$status
+
+# `make quick`: after a change, only what it can affect (tests/quick.py): each chapter under every
+# kernel, the site and its browser checks, the handouts and grading runs, each claims file, each
+# test file, re-run when what it reads has changed since it last passed (content-hash stamps in
+# .cache/quick/, written by `make test` too). CI never uses it: `make test` runs everything.
+.PHONY: quick
+quick: $(STAMP) browser sandbox
+	@$(PYTHON) tests/quick.py run
 
 # Only the chapters and the identical-heads test, under every kernel (part of `make test`)
 .PHONY: test-kernels

@@ -5,6 +5,7 @@ src/mha/README.md draws the house; these tests hold it up.
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -184,3 +185,144 @@ def first_imports():
 @pytest.mark.parametrize("module", MODULES)
 def test_every_module_can_be_imported_first(module, first_imports):
     assert first_imports[module] == "ok", f"{module}, imported first: {first_imports[module]}"
+
+
+# The house's rules -------------------------------------------------------------------------------
+
+REPOSITORY = SRC.parent
+SIZE_LIMIT = 400  # lines per Python file in src/, tools/, benchmarks/ and tests/
+# Files allowed over the limit, each with its reason (a test below fails when one no longer needs it)
+OVER_THE_LIMIT = {}
+ROOMS = ("src", "tools", "benchmarks", "tests")
+
+
+def python_files(*rooms):
+    return sorted(p for room in rooms for p in (REPOSITORY / room).rglob("*.py")
+                  if "__pycache__" not in p.parts and ".ipynb_checkpoints" not in p.parts)
+
+
+def test_no_file_is_over_the_size_limit():
+    """A file past SIZE_LIMIT lines is two rooms in one: split it by role, or list it with its reason."""
+    over = {str(p.relative_to(REPOSITORY)): n for p in python_files(*ROOMS)
+            if (n := len(p.read_text().splitlines())) > SIZE_LIMIT}
+    unlisted = {path: n for path, n in over.items() if path not in OVER_THE_LIMIT}
+    assert not unlisted, f"over {SIZE_LIMIT} lines (split by role, or list in OVER_THE_LIMIT with the reason): {unlisted}"
+    assert all(reason.strip() for reason in OVER_THE_LIMIT.values())
+    stale = sorted(set(OVER_THE_LIMIT) - set(over))
+    assert not stale, f"listed in OVER_THE_LIMIT but no longer over {SIZE_LIMIT} lines: remove them from the list: {stale}"
+
+
+def imported_modules(path, package):
+    """Every module that a file imports, at any depth (functions included), relative imports resolved."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    return found
+
+
+def package_of(module):
+    return module if module_file(module).name == "__init__.py" else module.rsplit(".", 1)[0]
+
+
+def modules_imported_by(prefix):
+    """{module: the mha modules it imports} for the library's modules under `prefix`."""
+    return {m: {i for i in imported_modules(module_file(m), package_of(m)) if i.startswith("mha")}
+            for m in MODULES if m == prefix or m.startswith(prefix + ".")}
+
+
+def face_order(face):
+    """The modules of a face in the order src/mha/README.md draws them: [[names on one line], ...]."""
+    groups, inside = [], False
+    for line in (SRC / "mha" / "README.md").read_text().splitlines():
+        if line.startswith(f"  {face}/"):
+            inside = True
+        elif inside and re.match(r"^  \S", line):
+            break
+        elif inside and (found := re.match(r"^    ((?:\w+(?:\.py|/))(?:, \w+(?:\.py|/))*)", line)):
+            groups.append([name.strip().removesuffix(".py").removesuffix("/") for name in found.group(1).split(",")])
+    return groups
+
+
+@pytest.mark.parametrize("face", ["numpy", "torch"])
+def test_a_face_imports_only_the_modules_drawn_above_each_one(face):
+    """src/mha/README.md draws each face from its ground floor up: a module builds on those above it."""
+    groups = face_order(face)
+    rank = {name: i for i, group in enumerate(groups) for name in group}
+    rooms = sorted({m.split(".")[2] for m in MODULES if m.startswith(f"mha.{face}.")})
+    assert sorted(rank) == rooms, f"src/mha/README.md's map of {face}/ names {sorted(rank)}; the face has {rooms}"
+    for module, imports in modules_imported_by(f"mha.{face}").items():
+        if module == f"mha.{face}":
+            continue
+        mine = module.split(".")[2]
+        above = {i.split(".")[2] for i in imports if i.startswith(f"mha.{face}.")} - {mine}
+        below = sorted(r for r in above if r in rank and rank[r] > rank[mine])
+        assert not below, f"{module} imports {below}, drawn below it in src/mha/README.md"
+
+
+def test_the_faces_never_import_each_other():
+    for face, other in (("numpy", "torch"), ("torch", "numpy")):
+        for module, imports in modules_imported_by(f"mha.{face}").items():
+            assert not {i for i in imports if i.startswith(f"mha.{other}")}, f"{module} imports the {other} face"
+
+
+def test_the_texts_corpus_tokenizer_and_baselines_import_neither_face():
+    for name in ("corpus", "tokenizer", "baselines"):
+        imports = modules_imported_by(f"mha.text.{name}")[f"mha.text.{name}"]
+        assert not {i for i in imports if i.startswith(("mha.numpy", "mha.torch"))}, (name, imports)
+
+
+def test_the_experiments_stay_off_the_checks():
+    for module, imports in modules_imported_by("mha.experiments").items():
+        assert not {i for i in imports if i.startswith("mha.checks")}, module
+
+
+def test_the_tools_import_the_library_only_through_its_public_names():
+    """No private name (a leading underscore) and no chapter's checks module (mha.checks.chNN)."""
+    for path in python_files("tools"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mha"):
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("mha")]
+            else:
+                continue
+            for name in names:
+                private = [part for part in name.split(".") if part.startswith("_")]
+                chapter = re.fullmatch(r"mha\.checks\.ch\d\d(\..*)?", name)
+                assert not private and not chapter, f"{path.relative_to(REPOSITORY)}:{node.lineno} imports {name}"
+
+
+def test_every_tools_package_has_a_map_naming_all_its_modules():
+    packages = [p.parent for p in (REPOSITORY / "tools").rglob("__init__.py") if "__pycache__" not in p.parts]
+    assert packages, "tools/ has no packages"
+    for package in packages:
+        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+        modules = sorted(p.name for p in package.glob("*.py") if p.name != "__init__.py")
+        subpackages = sorted(p.parent.name + "/" for p in package.glob("*/__init__.py"))
+        unnamed = [m for m in modules + subpackages if m.removesuffix("/") not in re.findall(r"[\w]+", doc)]
+        assert not unnamed, f"{package.relative_to(REPOSITORY)}/__init__.py's map does not name {unnamed}"
+
+
+def test_no_test_file_edits_sys_path_or_imports_another_test_file():
+    """Shared helpers live in the suite's helper modules; the repository root is on pytest's pythonpath."""
+    for path in python_files("tests"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys":
+                parent_calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                                and n.func.value is node and n.func.attr in ("insert", "append", "extend")]
+                assert not parent_calls, f"{path.relative_to(REPOSITORY)}:{node.lineno} edits sys.path"
+            if isinstance(node, ast.Assign) and any("sys.path" in ast.unparse(t) for t in node.targets):
+                pytest.fail(f"{path.relative_to(REPOSITORY)}:{node.lineno} assigns sys.path")
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                tests = [n for n in names if n.split(".")[-1].startswith("test_") or n.startswith("tests.test_")]
+                assert not tests, f"{path.relative_to(REPOSITORY)}:{node.lineno} imports the test file {tests}"

@@ -88,7 +88,7 @@ def book_inputs(test_file):
     """What of the book a test file reads: (files, notebook view), or None if it reads none."""
     source = (ROOT / test_file).read_text(errors="replace")
     name = Path(test_file).name
-    claims = re.fullmatch(r"test_claims_ch(\d\d)\.py", name)
+    claims = re.fullmatch(r"test_claims_ch(\d\d)(?:_\w+)?\.py", name)  # test_claims_ch14_models.py too
     if claims:
         return files_under(*[c for c in chapters() if Path(c).name.startswith(claims.group(1))]), None
     if not re.search(r"\bbook\b|CHAPTERS|toc_files|built_site|\.ipynb", source):

@@ -17,7 +17,7 @@ import torch
 import transformers
 
 import mha.torch as mt
-from mha.torch import grouped, hf_config
+from mha.torch.hf import configuration
 
 TINY = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
             num_hidden_layers=2, vocab_size=32)
@@ -68,7 +68,7 @@ def hf_forward(attention, rotary, x, start=0, cache=None):
     position_ids = torch.arange(start, start + T_new)[None].expand(B, T_new)
     per_layer_type = "layer_type" in inspect.signature(rotary.forward).parameters  # Gemma 3: one RoPE per type
     cos_sin = rotary(x, position_ids, attention.layer_type) if per_layer_type else rotary(x, position_ids)
-    window = grouped.attention_options(attention, None)["sliding_window"]
+    window = configuration.attention_options(attention, None)["sliding_window"]
     held = start if window is None or cache is None else min(start, window - 1)  # a window's cache keeps w - 1
     allowed = mt.causal_mask_after(T_new, held, window=window)  # (T, T_k): the model's mask for this layer
     causal = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))[None, None]  # (1, 1, T, T_k)
@@ -77,7 +77,7 @@ def hf_forward(attention, rotary, x, start=0, cache=None):
 
 
 def theta(attention):
-    return hf_config.layer_rope(attention)[0]
+    return configuration.layer_rope(attention)[0]
 
 
 def ours_forward(attention, x, rope_base=10000.0, **kwargs):
@@ -177,8 +177,8 @@ def test_gemma_3_reads_each_layer_types_rope():
                                     "full_attention": dict(rope_type="linear", rope_theta=1e6, factor=8.0)})
     sliding, _ = hf_layer("gemma3", 0, **changes)
     full, _ = hf_layer("gemma3", 1, **changes)
-    assert hf_config.layer_rope(sliding) == (10.0, None)
-    assert hf_config.layer_rope(full) == (1e6, {"rope_type": "linear", "factor": 8.0})
+    assert configuration.layer_rope(sliding) == (10.0, None)
+    assert configuration.layer_rope(full) == (1e6, {"rope_type": "linear", "factor": 8.0})
     with pytest.raises(ValueError, match=re.escape("rope_theta=10.0 for this layer but rope_base=1000000.0")):
         mt.GroupedQueryAttention.from_llama(sliding, 1e6)
 
@@ -215,8 +215,8 @@ def test_each_refusal_is_needed_a_copy_ignoring_it_differs(family, changes, laye
     """Were the check skipped, the copy would differ from Hugging Face at T = 7 by far more than rounding."""
     attention, rotary = hf_layer(family, layer_idx, **changes)
     x = torch.randn(2, 7, 32)
-    monkeypatch.setattr(hf_config, "refused_features", lambda attention: [])
-    monkeypatch.setattr(hf_config, "layer_rope", lambda attention: (10000.0, None))
+    monkeypatch.setattr(configuration, "refused_features", lambda attention: [])
+    monkeypatch.setattr(configuration, "layer_rope", lambda attention: (10000.0, None))
     gap = (ours_forward(attention, x) - hf_forward(attention, rotary, x))
     assert gap.abs().max() > 1e-3
 
@@ -238,7 +238,7 @@ def test_a_transformers_4_gemma_3_config_gives_its_sliding_layers_the_local_base
         attention, _ = hf_layer("gemma3", layer_idx, **changes)
         attention.config = transformers_4_config(model_type="gemma3_text", rope_theta=1e6, rope_local_base_freq=1e4,
                                                  sliding_window=4096, query_pre_attn_scalar=8)
-        assert hf_config.layer_rope(attention) == (expected, None)
+        assert configuration.layer_rope(attention) == (expected, None)
 
 
 @pytest.mark.parametrize("fields,expected", [
@@ -255,7 +255,7 @@ def test_a_transformers_4_config_is_read(fields, expected):
     attention, _ = hf_layer("llama")
     attention.config = transformers_4_config(**fields)
     del attention.scaling  # so the config's query_pre_attn_scalar is the only word on the scaling
-    options = grouped.attention_options(attention, 10000.0)
+    options = configuration.attention_options(attention, 10000.0)
     assert {key: options[key] for key in expected} == expected
 
 

@@ -14,14 +14,15 @@ The modules, each importing only those above it:
     chunked    attention in bounded memory (chapter 8)
     rotary     rotary position embeddings (RoPE), Llama's "rotate half" convention (chapter 12)
     cache      the key-value cache of generation (chapter 12)
+    hf         Hugging Face's layouts, read in one room: families (which model types, and where their
+               norms sit), configuration (what is read, and what is refused), weights (the tensors copied)
     parts      RMSNorm and the gated feed-forwards SwiGLU and GeGLU of today's models (chapter 13)
-    hf_config  what from_llama reads from a Hugging Face layer's config, and what it refuses
     grouped    grouped-query attention with RoPE and the cache, equal to Llama's (chapter 12), and
                the attention features of today's models (chapter 13)
     positions  LearnedPositions, SinusoidalPositions and ALiBi's bias (chapter 10)
     model      DecoderOnlyTransformer (a small GPT), its loss, warm-up and greedy generation (chapter 11)
-    lm         TransformerLM and LMConfig: GPT-2, Llama, Mistral, Qwen, Gemma, OLMo 2 from our parts (chapter 13)
-    hf_models  from_transformers: a Hugging Face causal LM copied into a TransformerLM (chapter 13)
+    lm         TransformerLM and LMConfig: GPT-2, Llama, Mistral, Qwen, Gemma, OLMo 2 from our parts, and
+               from_transformers: a Hugging Face causal LM copied into a TransformerLM (chapter 13)
 Import the face, not the modules: `import mha.torch as mt`.
 """
 
@@ -40,8 +41,7 @@ from mha.torch.grouped import (
 from mha.torch.model import (
     DecoderOnlyTransformer, causal_lm_loss, cross_entropy, generate_greedy, warmup_factor, warmup_schedule,
 )
-from mha.torch.hf_models import from_transformers
-from mha.torch.lm import LMBlock, LMConfig, TransformerLM, positions_from_mask
+from mha.torch.lm import LMBlock, LMConfig, TransformerLM, from_transformers, positions_from_mask
 from mha.torch.parts import GatedFeedForward, GeGLU, RMSNorm, SwiGLU, soft_cap
 from mha.torch.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
 from mha.torch.rotary import RotaryTables, apply_rotary, rotary_embedding, rotary_frequencies, rotate_half

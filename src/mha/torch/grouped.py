@@ -3,7 +3,7 @@ Llama, Mistral, Qwen2 and Gemma 1. The PyTorch face of `mha.numpy.grouped`.
 
 `GroupedQueryAttention.from_llama` copies a Hugging Face `LlamaAttention` (or Mistral's, Qwen's,
 Gemma's, OLMo's); the module then computes what it computes (tests/test_grouped_llama.py and
-tests/test_loader_refusals.py prove it), and a layer it cannot compute is refused (`hf_config`).
+tests/test_loader_refusals.py prove it), and a layer it cannot compute is refused (`mha.torch.hf`).
 """
 
 import torch
@@ -14,7 +14,8 @@ from mha import rope_scaling as rope_scaling_module
 from mha import validate
 from mha.torch.attention import linear_bias, linear_weight, merge_heads, scaled_dot_product_attention, split_heads
 from mha.torch.cache import KVCache
-from mha.torch.hf_config import attention_options
+from mha.torch.hf import configuration as hf_configuration
+from mha.torch.hf import weights as hf_weights
 from mha.torch.parts import RMSNorm
 from mha.torch.rotary import RotaryTables, apply_rotary, rotary_embedding
 from mha.torch.tensors import at_least_2d, check_input, check_mask_tensor, check_tensor, under_transform
@@ -224,28 +225,12 @@ class GroupedQueryAttention(nn.Module):
         sliding layers), Gemma 3 (a RoPE per layer type), OLMo 1 without clip_qkv, and RoPE scaling
         (linear, dynamic, YaRN, Llama 3). Refused with a ValueError naming the feature, each tested:
         clip_qkv (OLMo 1), sinks (GPT-OSS), partial_rotary_factor (GLM), other RoPE types, unknown
-        norms. See `mha.torch.hf_config`."""
-        layers = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        if not all(isinstance(layer, nn.Linear) for layer in layers):
-            raise TypeError(f"expected a transformers LlamaAttention with q_proj, k_proj, v_proj and o_proj, "
-                            f"got {type(attention).__name__}")
-        options = attention_options(attention, rope_base)
-        q_proj, k_proj, v_proj, o_proj = layers
-        d_head = attention.head_dim
-        weight = q_proj.weight
-        ours = cls(q_proj.in_features, q_proj.out_features // d_head, k_proj.out_features // d_head,
-                   d_head=d_head, bias=any(layer.bias is not None for layer in layers), rope_base=rope_base,
-                   device=weight.device, dtype=weight.dtype, **options)
-        with torch.no_grad():
-            for mine, theirs in zip((ours.W_q, ours.W_k, ours.W_v, ours.W_o), layers):
-                mine.weight.copy_(theirs.weight)
-                if theirs.bias is not None:
-                    mine.bias.copy_(theirs.bias)
-                elif mine.bias is not None:  # Qwen-style: biases on q, k, v only, none on o
-                    mine.bias.zero_()
-            if ours.qk_norm is not None:
-                ours.q_norm.weight.copy_(attention.q_norm.weight)
-                ours.k_norm.weight.copy_(attention.k_norm.weight)
+        norms. Hugging Face's layouts are read in `mha.torch.hf` (from_transformers reads a whole
+        model's layers the same way)."""
+        arguments = hf_configuration.attention_arguments(attention, rope_base)  # sizes and features, or refused
+        q_proj = attention.q_proj  # (n_heads * d_head, d_model), as nn.Linear stores it
+        ours = cls(q_proj.in_features, **arguments, device=q_proj.weight.device, dtype=q_proj.weight.dtype)
+        hf_weights.copy_attention(ours, attention)  # q_proj, k_proj, v_proj, o_proj into W_q, W_k, W_v, W_o
         return ours.train(attention.training)
 
     def numpy_params(self):

@@ -9,9 +9,9 @@ tanh GELU for GPT-2, `GatedFeedForward` for the others), with its norms placed a
 places them: before each sublayer (pre-norm: GPT-2, Llama), before and after it (Gemma 2
 and 3), or after it (OLMo 2).
 
-`from_transformers(model)` copies a Hugging Face causal LM into one (`mha.torch.hf_models`
-reads the config); `numpy_params()` feeds `mha.numpy.transformer_lm`, which computes the
-same logits.
+`from_transformers(model)` copies a Hugging Face causal LM into one (`mha.torch.hf` reads its
+config and copies its weights); `numpy_params()` feeds `mha.numpy.transformer_lm`, which computes
+the same logits.
 """
 
 from dataclasses import dataclass, field
@@ -25,6 +25,9 @@ from mha.torch.attention import linear_bias, linear_weight, soft_cap
 from mha.torch.blocks import FeedForward
 from mha.torch.cache import KVCache
 from mha.torch.grouped import GroupedQueryAttention
+from mha.torch.hf import configuration as hf_configuration
+from mha.torch.hf import families as hf_families
+from mha.torch.hf import weights as hf_weights
 from mha.torch.model import check_head_mask, check_ids, check_prompt
 from mha.torch.parts import GatedFeedForward, RMSNorm
 
@@ -235,6 +238,22 @@ class TransformerLM(nn.Module):
                 "norm": norm_params(self.norm), "W_out": None if self.output is None else linear_weight(self.output),
                 "embedding_scale": config.embedding_scale, "final_logit_cap": config.final_logit_cap}
 
+
+def from_transformers(model):
+    """A `TransformerLM` computing what the Hugging Face causal LM `model` computes (same device and
+    dtype): GPT2LMHeadModel, LlamaForCausalLM, and the Mistral, Qwen2, Qwen3, Gemma, Gemma 2,
+    Gemma 3 (text) and OLMo 2 causal LMs. Its logits equal the model's (tests/test_lm.py).
+
+    One path for every family (`mha.torch.hf`): the configuration is read into an LMConfig, each
+    attention layer as `GroupedQueryAttention.from_llama` reads it; the model is built from it once,
+    and every tensor is copied into the module made for it. A config field that changes the answer and
+    that nothing here computes is refused with a ValueError naming it."""
+    kind = hf_families.family_of(model)  # a ValueError for any other model
+    config = LMConfig(**hf_configuration.lm_arguments(model, kind))
+    weight = model.lm_head.weight
+    ours = TransformerLM(config, device=weight.device, dtype=weight.dtype)
+    hf_weights.copy_model(ours, model, kind)
+    return ours.train(model.training)
 
 def numpy(parameter):
     return parameter.detach().cpu().numpy()

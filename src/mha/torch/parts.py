@@ -19,7 +19,9 @@ from torch import nn
 from mha import validate
 from mha.torch.attention import linear_weight, soft_cap  # noqa: F401 (soft_cap is a part too)
 from mha.torch.blocks import ACTIVATIONS
-from mha.torch.tensors import check_input, check_is_tensor
+from mha.torch.hf import configuration as hf_configuration
+from mha.torch.hf import weights as hf_weights
+from mha.torch.tensors import check_input
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -91,40 +93,19 @@ class GatedFeedForward(nn.Module):
     @classmethod
     def from_hf(cls, mlp):
         """A copy of a Hugging Face gated MLP (gate_proj, up_proj, down_proj, no biases: Llama's,
-        Mistral's, Qwen's, Gemma's, OLMo's), with the activation its config names."""
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            layer = getattr(mlp, name, None)
-            if not isinstance(layer, nn.Linear) or layer.bias is not None:
-                raise ValueError(f"{type(mlp).__name__} has no bias-free nn.Linear {name}: "
-                                 f"only gated MLPs like LlamaMLP and GemmaMLP can be copied")
-        activation = hf_activation(mlp)
+        Mistral's, Qwen's, Gemma's, OLMo's), with the activation its config names (read, and the
+        tensors copied, in `mha.torch.hf`)."""
+        gate_proj = hf_weights.gated_projections(mlp)[0]  # a ValueError unless all three are bias-free nn.Linear
+        activation = hf_configuration.hf_activation(mlp)
         fixed = getattr(cls, "FIXED_ACTIVATION", None)
         if fixed is not None and fixed != activation:
             raise ValueError(f"{type(mlp).__name__} uses {activation}, but {cls.__name__} uses {fixed}: "
                              f"copy it with GatedFeedForward.from_hf")
-        weight = mlp.gate_proj.weight
-        options = dict(device=weight.device, dtype=weight.dtype)
-        d_model, d_ff = mlp.gate_proj.in_features, mlp.gate_proj.out_features
+        options = dict(device=gate_proj.weight.device, dtype=gate_proj.weight.dtype)
+        d_model, d_ff = gate_proj.in_features, gate_proj.out_features
         ours = cls(d_model, d_ff, **options) if fixed else cls(d_model, d_ff, activation=activation, **options)
-        with torch.no_grad():
-            for mine, theirs in ((ours.W_gate, mlp.gate_proj), (ours.W_up, mlp.up_proj), (ours.W_down, mlp.down_proj)):
-                mine.weight.copy_(theirs.weight)
+        hf_weights.copy_gated_feed_forward(ours, mlp)
         return ours.train(mlp.training)
-
-
-# Hugging Face's names for the two gates (transformers.activations.ACT2FN); any other is refused.
-HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
-
-
-def hf_activation(mlp):
-    """ "silu" or "gelu_tanh": the activation a Hugging Face MLP's config names (Gemma's
-    hidden_activation, else hidden_act)."""
-    config = getattr(mlp, "config", None)
-    name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
-    if name not in HF_ACTIVATIONS:
-        raise ValueError(f"{type(mlp).__name__}'s config names the activation {name!r}; only "
-                         f"{sorted(HF_ACTIVATIONS)} are computed here (exact GELU is not GELU's tanh form)")
-    return HF_ACTIVATIONS[name]
 
 
 class SwiGLU(GatedFeedForward):

@@ -1,25 +1,42 @@
-"""What `GroupedQueryAttention.from_llama` (and `mha.torch.from_transformers`) read from a
-Hugging Face decoder layer and its config, and what they refuse.
+"""A Hugging Face config and its layers read into the course's arguments, and what is refused.
 
 Read and computed: q, k, v and o projections (with Qwen's biases); QK-norm per head (Qwen3,
 Gemma 3) or over all heads (OLMo 2); the scores' scale (Gemma's query_pre_attn_scalar);
 attention-logit soft-capping (Gemma 2); the layer's sliding window (Mistral, Qwen's
 use_sliding_window, Gemma's sliding layers); the layer's RoPE: its base and scaling (linear,
-dynamic NTK, YaRN, Llama 3), one per layer type where they differ (Gemma 3).
+dynamic NTK, YaRN, Llama 3), one per layer type where they differ (Gemma 3); the gated MLP's
+activation; and the whole model's sizes, norms, tied embeddings and final soft-cap (`lm_arguments`).
 
 Refused with a `ValueError` naming the feature, the config's `model_type` and the layer's class:
 anything else that changes the answer (OLMo 1's clip_qkv, GPT-OSS's sinks, GLM's partial
-rotary factor, a RoPE type we do not compute, an RMSNorm of a kind we do not know). Both config
-layouts of the `pretrained` extra are read: transformers 5 (`rope_parameters`, one dict per layer
-type where the types differ) and transformers 4.56 or newer (`rope_theta` and `rope_scaling`;
-Gemma 3's `rope_local_base_freq` for its sliding layers).
+rotary factor, a RoPE type we do not compute, an RMSNorm of a kind we do not know, an activation
+other than SiLU or GELU's tanh form, the config fields of `REFUSED_FIELDS`). Both config layouts of
+the `pretrained` extra are read: transformers 5 (`rope_parameters`, one dict per layer type where the
+types differ) and transformers 4.56 or newer (`rope_theta` and `rope_scaling`; Gemma 3's
+`rope_local_base_freq` for its sliding layers).
+
+Everything here returns plain arguments (dicts, strings, numbers): the modules are built by their
+callers, once, and filled by `weights`.
 """
 
 from mha import rope_scaling
+from mha.torch.hf import families, weights
 
 # RMSNorm classes by their formula: x / rms(x) * w (cast before the weight), or Gemma's * (1 + w) in float32.
 PLAIN_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Olmo2RMSNorm", "RMSNorm"}
 UNIT_OFFSET_NORMS = {"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm"}
+# Hugging Face's names for the two gates (transformers.activations.ACT2FN); any other is refused.
+HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+# Config fields that would change the answer, and the value that does not: anything else is refused.
+REFUSED_FIELDS = {
+    "add_cross_attention": False,  # GPT-2 as a decoder of an encoder-decoder
+    "mlp_bias": False,  # Llama's optional biases in the MLP
+    "pretraining_tp": 1,  # Llama 2's sliced matmuls (transformers ignores it in 5, refused to be safe)
+    "use_bidirectional_attention": False,  # Gemma 3's encoder use
+    "clip_qkv": None,  # OLMo 1
+}
+
+# The refusal -------------------------------------------------------------------------------------------
 
 
 def where(attention):
@@ -34,6 +51,9 @@ def refuse(attention, features):
                      f"of type {sorted(rope_scaling.ROPE_SCALINGS)} on every feature")
 
 
+# Norms and gated MLPs ------------------------------------------------------------------------------------
+
+
 def rms_norm_options(norm, owner=None):
     """{"eps", "unit_offset"} of a Hugging Face RMSNorm (Llama's kind or Gemma's (1 + w) kind)."""
     kind = type(norm).__name__
@@ -41,6 +61,20 @@ def rms_norm_options(norm, owner=None):
     if kind not in PLAIN_NORMS | UNIT_OFFSET_NORMS or eps is None:
         refuse(owner or norm, [f"a norm of class {kind} (known: {sorted(PLAIN_NORMS | UNIT_OFFSET_NORMS)})"])
     return {"eps": float(eps), "unit_offset": kind in UNIT_OFFSET_NORMS}
+
+
+def hf_activation(mlp):
+    """ "silu" or "gelu_tanh": the activation a Hugging Face MLP's config names (Gemma's
+    hidden_activation, else hidden_act)."""
+    config = getattr(mlp, "config", None)
+    name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+    if name not in HF_ACTIVATIONS:
+        raise ValueError(f"{type(mlp).__name__}'s config names the activation {name!r}; only "
+                         f"{sorted(HF_ACTIVATIONS)} are computed here (exact GELU is not GELU's tanh form)")
+    return HF_ACTIVATIONS[name]
+
+
+# RoPE ------------------------------------------------------------------------------------------------------
 
 
 def rope_parameters(config):
@@ -106,6 +140,9 @@ def scaling_of(attention, rope):
     return {"rope_type": kind, **scaling}
 
 
+# Attention layers ------------------------------------------------------------------------------------------
+
+
 def refused_features(attention):
     """The features of a layer that nothing here computes, in words (empty when there is none)."""
     config = getattr(attention, "config", None)
@@ -158,3 +195,72 @@ def scale_of(attention, config):
     if scaling is None and scalar is not None:
         scaling = scalar ** -0.5
     return None if scaling is None or scaling == attention.head_dim ** -0.5 else float(scaling)
+
+
+def attention_arguments(attention, rope_base):
+    """Every keyword argument of `GroupedQueryAttention` but d_model (the input width, q_proj.in_features):
+    the sizes (n_heads, n_kv_heads, d_head, bias), rope_base and the features of `attention_options`.
+    A TypeError for a layer without q_proj ... o_proj; a ValueError for what nothing here computes."""
+    q_proj, k_proj, v_proj, o_proj = weights.attention_projections(attention)
+    d_head = attention.head_dim
+    return dict(n_heads=q_proj.out_features // d_head, n_kv_heads=k_proj.out_features // d_head, d_head=d_head,
+                bias=any(layer.bias is not None for layer in (q_proj, k_proj, v_proj, o_proj)), rope_base=rope_base,
+                **attention_options(attention, rope_base))
+
+
+# Whole models ------------------------------------------------------------------------------------------
+
+
+def check_fields(model, config):
+    """Refuses the config fields of REFUSED_FIELDS set to what changes the answer, and GPT-2 with another GELU."""
+    found = [f"{name}={getattr(config, name)!r}" for name, fine in REFUSED_FIELDS.items()
+             if getattr(config, name, None) not in (None, fine)]
+    if getattr(config, "model_type", None) == "gpt2" and config.activation_function not in ("gelu_new",
+                                                                                            "gelu_pytorch_tanh"):
+        found.append(f"activation_function={config.activation_function!r} (GPT-2's MLP is computed with tanh GELU)")
+    if found:
+        refuse(model, found)
+
+
+def lm_arguments(model, kind):
+    """The keyword arguments of `LMConfig` that make a TransformerLM compute what the Hugging Face causal
+    LM `model` (of model_type `kind`, see `families`) computes. Refuses what nothing here computes."""
+    config = model.config
+    check_fields(model, config)
+    tied = model.lm_head.weight is model.get_input_embeddings().weight
+    common = dict(vocab_size=config.vocab_size, tie_embeddings=tied,
+                  norm_placement=families.FAMILIES[kind]["norm_placement"],
+                  final_logit_cap=getattr(config, "final_logit_softcapping", None))
+    return {**common, **(gpt2_arguments(model) if kind == "gpt2" else decoder_arguments(model, kind))}
+
+
+def gpt2_arguments(model):
+    """LMConfig's arguments for GPT-2: LayerNorm, learned positions, fused attention with biases, tanh GELU."""
+    config, blocks = model.config, model.transformer.h
+    return dict(d_model=config.n_embd, n_layers=config.n_layer, d_ff=blocks[0].mlp.c_fc.nf,
+                attention={"n_heads": config.n_head, "bias": True},
+                layer_attention=tuple({"scale": gpt2_scale(config, i)} for i in range(len(blocks))),
+                norm="layer", norm_eps=config.layer_norm_epsilon, feed_forward="mlp_gelu_tanh",
+                max_positions=config.n_positions)
+
+
+def gpt2_scale(config, layer_idx):
+    """GPT-2's factor on the scores: d_head ** -0.5 (scale_attn_weights), / (layer + 1) if asked."""
+    scale = (config.n_embd // config.n_head) ** -0.5 if config.scale_attn_weights else 1.0
+    return scale / (layer_idx + 1) if config.scale_attn_by_inverse_layer_idx else scale
+
+
+def decoder_arguments(model, kind):
+    """LMConfig's arguments for the Llama-like families: RMSNorm, a gated MLP, and each layer's attention
+    read as `GroupedQueryAttention.from_llama` reads it (its RoPE base from the config, per layer)."""
+    config, body = model.config, model.model
+    layers = body.layers
+    per_layer = [attention_arguments(layer.self_attn, layer_rope(layer.self_attn)[0]) for layer in layers]
+    shared = {key: per_layer[0][key] for key in ("n_heads", "n_kv_heads", "d_head")}
+    norm = rms_norm_options(body.norm, model)
+    return dict(d_model=config.hidden_size, n_layers=config.num_hidden_layers,
+                d_ff=layers[0].mlp.gate_proj.out_features, attention=shared,
+                layer_attention=tuple({key: value for key, value in arguments.items() if key not in shared}
+                                      for arguments in per_layer),
+                norm_eps=norm["eps"], norm_unit_offset=norm["unit_offset"], feed_forward=hf_activation(layers[0].mlp),
+                embedding_scale=config.hidden_size ** 0.5 if families.FAMILIES[kind]["scaled_embeddings"] else None)

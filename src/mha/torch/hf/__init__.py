@@ -1,0 +1,15 @@
+"""Hugging Face's layouts, read in one room: what the course's modules copy from `transformers`.
+
+    families       which causal LMs are copied (by config.model_type), and the TransformerLM each becomes:
+                   where its norms sit and what they are called, its feed-forward, its embedding scale
+    configuration  a Hugging Face config and its layers read into the course's arguments (LMConfig's,
+                   GroupedQueryAttention's, GatedFeedForward's), and the refusals: anything that changes
+                   the answer and that nothing here computes is a ValueError naming it
+    weights        a layer's tensors copied into the course's module, built once with those arguments
+
+The entry points live with the modules they build, and read through this package: a layer with
+`GroupedQueryAttention.from_llama` (mha.torch.grouped), a gated MLP with `GatedFeedForward.from_hf`
+(mha.torch.parts), a whole causal LM with `from_transformers` (mha.torch.lm, also `mha.torch.from_transformers`).
+This package sits below them all, so it re-exports nothing: import the module you need
+(`from mha.torch.hf import configuration`).
+"""

@@ -307,7 +307,8 @@ def test_every_tools_package_has_a_map_naming_all_its_modules():
         doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
         modules = sorted(p.name for p in package.glob("*.py") if p.name != "__init__.py")
         subpackages = sorted(p.parent.name + "/" for p in package.glob("*/__init__.py"))
-        unnamed = [m for m in modules + subpackages if m.removesuffix("/") not in re.findall(r"[\w]+", doc)]
+        words = set(re.findall(r"\w+", doc))  # `name.py` or `name`, `package/` or `package`
+        unnamed = [m for m in modules + subpackages if m.removesuffix("/").removesuffix(".py") not in words]
         assert not unnamed, f"{package.relative_to(REPOSITORY)}/__init__.py's map does not name {unnamed}"
 
 

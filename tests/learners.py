@@ -4,7 +4,9 @@
 for `mha.numpy.<name>`, compiled again in a module of the learner's (as if copied into
 a notebook cell), so that it is another function with the same answers. The recorders
 and replays are wrong solutions that remember what an earlier check asked and answered.
-`FROM_SCRATCH` holds right solutions of chapter 12 that share no code with the library.
+`FROM_SCRATCH` holds right solutions of chapter 12 that share no code with the library;
+`right_solutions()` gathers one for every check. `unguarded(fn)` runs a catalogued mistake
+as a learner who wrote it by hand would.
 """
 
 import inspect
@@ -196,3 +198,37 @@ def exercise_texts(chapter):
     texts = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"]
     return {re.search(r"checked by `check_(\w+)`", t).group(1): t for t in texts
             if ":::{exercise}" in t and "checked by `check_" in t}
+
+
+# Shared by the tests of the checks and of the grader (tests/test_checks*.py, test_model_checks.py,
+# test_grading_agreement.py) ------------------------------------------------------------------------------
+
+def right_solutions():
+    """{name: a right solution written from scratch, calling nothing that the exercise forbids}, for every check:
+    the ones of the trap tests of each chapter (tests/solutions_ch*.py)."""
+    import solutions_ch01_06
+    import solutions_ch07_12
+    import solutions_ch13
+    import solutions_ch14
+    import solutions_ch15
+
+    from mha.checks.registry import CHECKS
+    found = {**solutions_ch01_06.FROM_SCRATCH, **solutions_ch07_12.FROM_SCRATCH, **solutions_ch13.FROM_SCRATCH}
+    found.update({f.__name__: f for f in solutions_ch14.FROM_SCRATCH if f.__name__ in CHECKS})
+    found.update({f.__name__: f for f in solutions_ch15.FROM_SCRATCH if f.__name__ in CHECKS})
+    return found
+
+
+def unguarded(fn):
+    """`fn`, run where the check's guard does not look (its profile function set aside while fn runs). The
+    catalogued mistakes are written with the library's functions, which the guard refuses to a learner: this
+    gives their wrong answers as a learner who wrote them by hand would."""
+    def call(*args, **kwargs):
+        previous = sys.getprofile()
+        sys.setprofile(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sys.setprofile(previous)
+    call.__name__ = fn.__name__
+    return call

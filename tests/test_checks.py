@@ -1,7 +1,6 @@
 """mha.checks: accepts a right solution of the learner's own, rejects every catalogued mistake
-with its hint, and reports a crashing or malformed answer plainly.
-
-`right_solutions()` and `unguarded(fn)` serve the other tests of the checks too."""
+with its hint, and reports a crashing or malformed answer plainly (the right solutions written from
+scratch, and `unguarded(fn)` for the mistakes: tests/learners.py)."""
 
 import subprocess
 import sys
@@ -9,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from learners import FROM_SCRATCH, own_copy
+from learners import FROM_SCRATCH, own_copy, right_solutions, unguarded
 
 import mha.checks as checks
 import mha.numpy as mn
@@ -19,35 +18,6 @@ from mha.checks.registry import CHECKS, all_mistakes
 NAMES = list(CHECKS)
 MISTAKES = all_mistakes()
 
-
-def right_solutions():
-    """{name: a right solution written from scratch, calling nothing that the exercise forbids}, for every check:
-    the ones of the trap tests of each chapter."""
-    import test_checks_ch13
-    import test_checks_ch14
-    import test_checks_ch15
-    import test_checks_traps_ch01_06
-    import test_checks_traps_ch07_12
-    found = {**test_checks_traps_ch01_06.FROM_SCRATCH, **test_checks_traps_ch07_12.FROM_SCRATCH,
-             **test_checks_ch13.FROM_SCRATCH}
-    found.update({f.__name__: f for f in test_checks_ch14.FROM_SCRATCH if f.__name__ in CHECKS})
-    found.update({f.__name__: f for f in test_checks_ch15.FROM_SCRATCH if f.__name__ in CHECKS})
-    return found
-
-
-def unguarded(fn):
-    """`fn`, run where the check's guard does not look (its profile function set aside while fn runs). The
-    catalogued mistakes are written with the library's functions, which the guard refuses to a learner: this
-    gives their wrong answers as a learner who wrote them by hand would."""
-    def call(*args, **kwargs):
-        previous = sys.getprofile()
-        sys.setprofile(None)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            sys.setprofile(previous)
-    call.__name__ = fn.__name__
-    return call
 
 REQUIRED = {"softmax", "self_attention", "symmetric_attention", "head_attention",
             "scaled_dot_product_attention", "split_heads", "merge_heads", "multihead_attention_loop",

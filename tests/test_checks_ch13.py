@@ -10,45 +10,16 @@ import numpy as np
 import pytest
 
 from learners import SEEDS, exercise_texts, failures_on_every_seed, run, student_edition
+from solutions_ch13 import CHAPTER_13, FROM_SCRATCH
 
 import mha.numpy as mnp
 from mha.checks.compare import compare_result
 from mha.checks.registry import CHECKS, expected_answer
 
-CHAPTER_13 = ["rms_norm", "swiglu", "soft_cap", "sliding_window_mask"]
-
 
 def hint_of(message):
     """The hint of a failure message ("" when it has none)."""
     return message.split("\n  hint: ")[1].split("\n")[0] if "\n  hint: " in message else ""
-
-
-# Right solutions written from scratch: NumPy only, float32 kept float32 ----------------------------------
-
-
-def rms_norm(X, weight, eps=1e-6, *, unit_offset=False):
-    X = np.asarray(X)
-    mean_square = np.einsum("...d,...d->...", X, X)[..., None] / X.shape[-1]  # (..., 1)
-    scale = 1 + weight if unit_offset else weight
-    return X / np.sqrt(mean_square + eps) * scale
-
-
-def swiglu(X, W_gate, W_up, W_down):
-    gate, up = X @ W_gate, X @ W_up  # (..., d_ff) each
-    silu = gate * np.exp(-np.logaddexp(0, -gate))  # x * sigmoid(x), with sigmoid = e^-log(1 + e^-x)
-    return (silu * up) @ W_down
-
-
-def soft_cap(x, cap):
-    return cap * np.tanh(np.asarray(x) / cap)
-
-
-def sliding_window_mask(T, window):
-    distance = np.subtract.outer(np.arange(T), np.arange(T))  # (T, T): query position - key position
-    return (distance >= 0) & (distance < window)
-
-
-FROM_SCRATCH = {f.__name__: f for f in (rms_norm, swiglu, soft_cap, sliding_window_mask)}
 
 
 def test_every_check_of_chapter_13_has_a_solution_from_scratch_here():

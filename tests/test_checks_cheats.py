@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from learners import own_copy, replay_by_input, replay_in_order, same_inputs
-from test_checks import right_solutions, unguarded
+from learners import own_copy, replay_by_input, replay_in_order, right_solutions, same_inputs, unguarded
 
 import mha.checks as checks
 import mha.numpy as mn

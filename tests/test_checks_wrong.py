@@ -11,8 +11,7 @@ from contextlib import redirect_stdout
 
 import numpy as np
 import pytest
-from learners import cached_attention, own_copy
-from test_checks import unguarded
+from learners import cached_attention, own_copy, unguarded
 
 import mha.checks as checks
 

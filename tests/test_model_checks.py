@@ -3,7 +3,7 @@ mistake is rejected with its hint, and wrong solutions outside the catalogue are
 
 import numpy as np
 import pytest
-from test_checks import unguarded
+from learners import unguarded
 
 import mha.checks as checks
 from mha.checks import ch11, registry

@@ -21,9 +21,10 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from test_checks import right_solutions
-from test_grading import grade, make_handout
-from test_handout import code_solutions
+from handouts import key_codes, shared_handout, student_notebook
+from learners import right_solutions
+
+from tools.grading import grade
 
 import mha.checks as checks
 from mha.checks.registry import CHECKS
@@ -136,24 +137,12 @@ def routes(name):
     return found
 
 
-def key_sources(path):
-    """{check name: the key's solution cell} of a chapter (the cell that the handout turns into a stub)."""
-    found = {}
-    for _, code, _ in code_solutions(path):
-        if make_handout.stub_for(code):
-            for name in CHECKS:
-                if f"def {name}(" in code:
-                    found[name] = code
-    return found
-
-
 def submission(handout, path, solutions):
     """The handout's notebook of chapter `path` with each stub replaced: by `solutions[name]` for the functions it
     defines that have one, else by the key's cell."""
-    notebook = nbformat.read(handout / "student" / "book" / path.name, as_version=4)
-    keys = [code for _, code, _ in code_solutions(path) if make_handout.stub_for(code)]
+    notebook = student_notebook(handout, path)
     stubs = [c for c in notebook.cells if "exercise-stub" in c.metadata.get("tags", [])]
-    for stub, key in zip(stubs, keys, strict=True):
+    for stub, key in zip(stubs, key_codes(path), strict=True):
         mine = [solutions[n] for n in CHECKS if f"def {n}(" in stub.source and n in solutions]
         stub.source = "\n\n".join(mine) if mine else key
     return notebook
@@ -190,7 +179,8 @@ def notebook_verdict(notebook, name, seed):
 
 @pytest.fixture(scope="module")
 def handout(tmp_path_factory):
-    return make_handout.make_handout(tmp_path_factory.mktemp("handout") / "out", build_html=False, repository=None)
+    """The handout that the test files of this run share (tests/handouts.py): read only."""
+    return shared_handout(tmp_path_factory)
 
 
 def grade_variants(handout, base, gaps=False):

@@ -5,7 +5,8 @@ the hash taken over `inputs` (what determines the install: the requirement lines
 any other input the caller names) and the Python that makes it (its version and executable).
 It is built when missing: `python -m venv` into a temporary sibling, `install(python)` there,
 then a rename, so that an interrupted build never leaves a half venv; a lock keeps two
-processes from building it at once. A changed pin gives another hash, hence a new venv.
+processes from building it at once. A changed pin gives another hash, hence a new venv, and the
+venvs of that name built for other inputs are deleted then.
 
 `fresh_copy(venv, target)` copies it for one run (tests/test_colab.py, tests/test_nbgrader.py):
 what a test installs or changes there never reaches the cache. A venv's scripts (`bin/pip`,
@@ -18,6 +19,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -59,6 +61,10 @@ def cached_venv(name, inputs, install):
             building.rename(venv)
         finally:
             shutil.rmtree(building, ignore_errors=True)  # gone already when renamed
+    for older in CACHE.iterdir():  # the same venv for pins of the past
+        if older != venv and re.fullmatch(rf"{re.escape(name)}-[0-9a-f]{{16}}", older.name):
+            shutil.rmtree(older, ignore_errors=True)
+            older.with_name(older.name + ".lock").unlink(missing_ok=True)
     return venv
 
 

@@ -19,7 +19,8 @@ imported (`mha.checks.reference`), so reassigning `mha.numpy.softmax` changes
 nothing; and a solution that calls the very function it should replace is refused
 (`mha.checks.own_work`). Each chapter's checks live in `mha.checks.ch01` ...
 `mha.checks.ch15`, with their cases and their catalogue of classic mistakes side by
-side; the machinery that registers and runs them is `mha.checks.registry`.
+side; what several chapters share is in `mha.checks.common` (no chapter's module imports
+another's); the machinery that registers and runs them is `mha.checks.registry`.
 """
 
 from mha.checks.ch01 import check_self_attention, check_softmax

@@ -37,7 +37,7 @@ def load(path, default):
 def start():
     FOLDER.mkdir(parents=True, exist_ok=True)
     STAGES.write_text(json.dumps({"start": time.time(), "last": time.time(), "stages": []}))
-    MAIN.unlink(missing_ok=True)
+    # the last run's main.json stays: tests/unit_order.py orders this run by it (rows() reads it only if newer)
 
 
 def mark(name):
@@ -52,15 +52,18 @@ def mark(name):
 
 
 def kernel_pass(unit):
-    """'this CPU', 'generic', 'avx2' for a chapter's unit; None for a test file."""
+    """The kernels of a chapter's unit ("this CPU's", "generic", "avx2"), or None for a test file."""
     if not unit.startswith("book/") and "@" not in unit:
         return None
-    return unit.split("@", 1)[1] if "@" in unit else "this CPU"
+    return unit.split("@", 1)[1] if "@" in unit else "this CPU's"
 
 
 def rows():
     """(label, seconds) of the table, in order; a label starting with spaces is a part of the row above."""
-    record, session = load(STAGES, {"stages": []}), load(MAIN, {"units": {}, "failed": []})
+    record = load(STAGES, {"stages": [], "start": 0})
+    fresh = MAIN.exists() and MAIN.stat().st_mtime >= record.get("start", 0)
+    session = load(MAIN, {}) if fresh else {}
+    session = {"units": session.get("units", {}), "failed": session.get("failed", [])}
     units = session["units"]
     table = [(name, seconds) for name, seconds in record["stages"]]
     if units:

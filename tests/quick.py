@@ -35,6 +35,7 @@ TIMES = ROOT / ".cache" / "test-times" / "quick.json"
 CONFIGURATION = ["pyproject.toml", "requirements.txt", "tests/nbval_sanitize.cfg", "tests/conftest.py",
                  "tests/kernel_passes.py"]
 PROJECT = ["Makefile", "_config.yml", "_toc.yml", "README.md", "CONTRIBUTING.md", ".ci/run"]
+MACHINERY = {"unit_order.py", "unit_times.py", "stage_times.py", "quick.py"}  # how the suite runs, not what it asserts
 # Test files that read only the notebooks' code cells and directives (not their prose)
 READS_BOOK_CODE = {"test_checks_ch14.py", "test_checks_ch15.py", "test_colab.py", "test_gradescope.py", "test_grading.py",
                    "test_grading_agreement.py", "test_grading_attacks.py", "test_grading_walls.py", "test_lab.py",
@@ -98,17 +99,31 @@ def book_inputs(test_file):
     return files_under("book", "references.bib"), None
 
 
+def helpers_of(test_file):
+    """The suite's helper modules (tests/*.py, not test files) that a file imports, at any depth, and
+    tests/conftest.py's: what the file runs of the suite besides itself. The suite's machinery
+    (the order, the times, these stamps) changes no test's answer and is left out."""
+    found, waiting = set(), [ROOT / test_file, ROOT / "tests" / "conftest.py"]
+    while waiting:
+        path = waiting.pop()
+        text = path.read_text(errors="replace")
+        for name in re.findall(r"^\s*(?:from|import)\s+(\w+)", text, flags=re.MULTILINE):
+            helper = ROOT / "tests" / f"{name}.py"
+            if helper.exists() and not name.startswith("test_") and helper not in found:
+                found.add(helper)
+                waiting.append(helper)
+    return sorted(found | {ROOT / "tests" / "conftest.py"}) + [p for p in files_under("tests/data")]
+
+
 def unit_hashes():
     """{unit: hash} for every chapter and every test file."""
     library = files_under("src")
     configuration = files_under(*CONFIGURATION)
-    code = library + configuration + files_under("tools", "benchmarks", *PROJECT) + sorted(
-        p for p in (ROOT / "tests").rglob("*") if p.is_file() and not p.name.startswith("test_")
-        and "__pycache__" not in p.parts)
+    code = library + configuration + files_under("tools", "benchmarks", *PROJECT)
     hashes = {chapter: digest(files_under(chapter) + library + configuration) for chapter in chapters()}
     for test_file in sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py")):
         book = book_inputs(test_file)
-        own = digest(files_under(test_file) + code)
+        own = digest(files_under(test_file) + code + [p for p in helpers_of(test_file) if p.name not in MACHINERY])
         hashes[test_file] = own if book is None else own + digest(*book)
     return hashes
 

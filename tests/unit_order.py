@@ -25,7 +25,7 @@ UNKNOWN_SECONDS = 10.0  # a unit never measured: a new test file
 # Builds shared by several files of one run (tests/conftest.py's built_site, tests/handouts.py), and their seconds
 SHARED_BUILDS = {
     "site": ({"tests/test_site.py", "tests/test_pdf.py", "tests/test_offline_site.py", "tests/test_book.py",
-              "tests/test_adoption.py"}, 240.0),
+              "tests/test_adoption.py"}, 120.0),
     # tests/handouts.py's shared handout: its notebooks first (the grading tests need no more), its site after
     "handout": ({"tests/test_handout.py", "tests/test_grading.py", "tests/test_gradescope.py",
                  "tests/test_grading_attacks.py", "tests/test_grading_agreement.py"}, 60.0),

@@ -31,9 +31,9 @@ def own_copy(name):
     return namespace[name]
 
 
-def recorded(name):
-    """A right solution that writes down every (inputs, answer) it gives, in call order."""
-    solve, calls = own_copy(name), []
+def recording(solve):
+    """`solve` made to write down every (inputs, answer) it gives, in call order: (recorder, calls)."""
+    calls = []
 
     def recorder(*args, **kwargs):
         try:

@@ -206,11 +206,21 @@ def test_a_forgotten_axis_in_a_batch_raises_and_the_learner_reads_where():
 
 def test_whole_numbers_of_bytes_as_integers_fail_on_their_dtype():
     """2 (P - 1) n b // P is an int: the exercise asks for a float (the share is seldom whole), and the check says
-    which dtype it expected."""
+    which dtype it expected, with the hint of integers (true division), not the float32 one (d ** 0.5)."""
     def in_integers(n_elements, world_size, bytes_per_element=4):
         return 2 * (world_size - 1) * n_elements * bytes_per_element // world_size
     for message in failures_on_every_seed("all_reduce_bytes", in_integers, seeds=SEEDS[:3]):
         assert "on the case 'P = 4 ranks" in message and "expected dtype float64, got int64" in message
+        assert "true division (/)" in hint_of(message) and "float32" not in hint_of(message), message
+
+
+def test_a_float32_answer_still_gets_the_hint_about_float_dtypes():
+    """The hint of integers is for integers only: float32 where float64 is expected keeps the dtype hint."""
+    def in_float32(out_a, lse_a, out_b, lse_b):
+        out, lse = merge_partials(out_a, lse_a, out_b, lse_b)
+        return out.astype(np.float32), lse.astype(np.float32)
+    message = failures_on_every_seed("merge_partials", in_float32, seeds=[0])[0]
+    assert "expected dtype float64, got float32" in message and "d ** 0.5" in hint_of(message), message
 
 
 @pytest.mark.parametrize("name", CHAPTER_15)

@@ -28,6 +28,7 @@ replace, or any library function that does the exercise's work (`forbids`,
 import contextlib
 import copy
 import inspect
+import re
 import secrets
 import tracemalloc
 from dataclasses import dataclass, field
@@ -295,12 +296,15 @@ def problem_with(check, case, got, args, kwargs, peak=None):
 DTYPE_HINT = ("keep the input's dtype: a float64 input is answered in float64, and here float32 stays float32. "
               "A float64 NumPy scalar (np.sqrt(d), np.float64(...)) or a float64 array in the arithmetic turns "
               "float32 into float64; use a Python float (d ** 0.5) or .astype(x.dtype)")
+# A whole number where the answer is a float (a count of bytes, say): floor division or int() dropped the fraction.
+INTEGER_HINT = ("return a float, not a whole number: true division (/) gives one, while floor division (//), "
+                "int() and round() give integers, which drop the fraction where the answer has one")
 
 
 def failure_message(check, case, got, problem, fn_name, seed):
     """The whole message of a wrong answer: the case, the problem, the hint of a matching mistake, the seed."""
     if "expected dtype" in problem:
-        hint = DTYPE_HINT
+        hint = INTEGER_HINT if re.search(r"expected dtype float\d+, got u?int", problem) else DTYPE_HINT
     elif got is RAISED_AS_REQUIRED or any(words in problem for words in ("in place", "at its peak", "shares memory")):
         hint = None  # the answer's values are not what is wrong: no mistake's hint fits
     else:

@@ -20,6 +20,7 @@ The modules, each importing only those above it:
     lm         transformer_lm: today's decoder-only models (GPT-2, Llama, Qwen, Gemma, OLMo 2) as one function
     sharding   heads across devices, the ranks simulated as a list: tensor, Ulysses and ring parallelism,
                the collectives, the online-softmax merge, and the payload and bytes they move
+    rank_lists what one rank computes, as a list: Ulysses' all-to-all, the ring loop, a rank's partial output
 Import the face, not the modules: `import mha.numpy as mnp`.
 """
 
@@ -51,6 +52,7 @@ from mha.numpy.sharding import (
     all_reduce, all_reduce_bytes, all_to_all, attention_partial, merge_partials, payload_per_layer, ring_attention,
     sequence_chunks, shard_by_heads, tensor_parallel_attention, ulysses_attention, wire_bytes,
 )
+from mha.numpy.rank_lists import rank_partial_output, ring_attention_lists, ulysses_all_to_all
 from mha.numpy.positions import (
     add_positions, alibi_bias, alibi_slopes, sinusoidal_frequencies, sinusoidal_positions, sinusoidal_shift,
 )
@@ -82,4 +84,6 @@ __all__ = [
     # heads across devices, ranks simulated as a list (chapter 15)
     "shard_by_heads", "tensor_parallel_attention", "all_reduce", "all_to_all", "ulysses_attention", "sequence_chunks",
     "attention_partial", "merge_partials", "ring_attention", "all_reduce_bytes", "payload_per_layer", "wire_bytes",
+    # what one rank computes, the ranks as a list: chapter 15's exercises
+    "ulysses_all_to_all", "ring_attention_lists", "rank_partial_output",
 ]

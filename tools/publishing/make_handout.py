@@ -6,8 +6,11 @@ Writes, under OUTPUT_DIR (default `_handout/`):
   student/   the students' copy of the course: the book with every solution
              removed (code exercises become a stub: signature, docstring,
              `raise NotImplementedError`, followed by their check; exercise
-             outputs are cleared), the library, and `exercises.json`, the list
-             of exercises that tools/grading/grade.py grades against
+             outputs are cleared; a listing of the library's answer to an
+             exercise, or of its routes, becomes a note saying where the
+             learner writes it: tools/publishing/hidden_listings.py), the
+             library, and `exercises.json`, the list of exercises that
+             tools/grading/grade.py grades against
              (tools/publishing/handout_manifest.py);
   key/       the answer key: the chapter notebooks with their worked solutions;
   html/      the student book built as a website: no solution, no repository
@@ -38,6 +41,7 @@ from pathlib import Path
 
 
 from tools.publishing.handout_manifest import build_manifest, write_manifest
+from tools.publishing.hidden_listings import students_markdown
 from tools.publishing.output_folder import FolderRefused, claim
 from tools.publishing.student_copy import set_install_cell, student_repository, write_student_copy
 
@@ -72,8 +76,10 @@ def stub_for(code):
     return "\n\n\n".join(stubs)
 
 
-def student_cells(cells):
-    """The cells of a student notebook: solutions out, stubs in, exercise outputs cleared."""
+def student_cells(cells, chapter=None):
+    """The cells of a student notebook: solutions out, stubs in, exercise outputs cleared, and the listings
+    that show an exercise's answer replaced by a note (tools/publishing/hidden_listings.py). `chapter`: the
+    notebook's chapter number, or None."""
     import nbformat  # here, not above: `--help` is answered without it
     out, in_solution, solution_code, seen_exercise = [], False, [], False
     for cell in cells:
@@ -93,7 +99,7 @@ def student_cells(cells):
         cell = cell.copy()
         if cell.cell_type == "markdown":
             seen_exercise = seen_exercise or is_marker(cell, "exercise")
-            cell.source = SOLUTION_BLOCK.sub("", cell.source).strip()
+            cell.source = students_markdown(SOLUTION_BLOCK.sub("", cell.source), chapter).strip()
             if not cell.source:
                 continue
         elif seen_exercise:
@@ -107,7 +113,8 @@ def student_cells(cells):
 def student_notebook(path):
     import nbformat  # here, not above: `--help` is answered without it
     notebook = nbformat.read(path, as_version=4)
-    notebook.cells = student_cells(notebook.cells)
+    number = re.match(r"(\d+)_", Path(path).name)
+    notebook.cells = student_cells(notebook.cells, int(number.group(1)) if number else None)
     nbformat.validate(notebook)
     return notebook
 

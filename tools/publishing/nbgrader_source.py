@@ -18,7 +18,9 @@ assignment per chapter. In each notebook, as nbgrader cell metadata (schema 3):
     solution cell (released as a stub that raises);
   - the explanations that follow a checked solution are left out: nbgrader
     has no ungraded Markdown solution cell, and they answer no question;
-  - the exercise statements are locked; the chapter's own cells stay editable.
+  - the exercise statements are locked; the chapter's own cells stay editable;
+  - a listing of an exercise's answer (or of its routes) becomes a note, as in
+    the handout's student notebooks (tools/publishing/hidden_listings.py).
 
 What it deletes: OUTPUT_DIR/nbgrader/source/, and only when OUTPUT_DIR/nbgrader/ is new,
 empty, or made by an earlier run (it holds the marker `.mha-nbgrader`); any other folder,
@@ -37,6 +39,7 @@ from pathlib import Path
 
 
 from tools.publishing.handout_manifest import EXERCISE, chapter_exercises
+from tools.publishing.hidden_listings import students_markdown
 from tools.publishing.make_handout import ROOT, SOLUTION_BLOCK, is_marker, stub_for
 from tools.publishing.output_folder import FolderRefused, claim
 
@@ -145,28 +148,29 @@ def autograder_tests(exercise, cell):
             for c in exercise["checks"]]
 
 
-def chapter_cell(cell):
+def chapter_cell(cell, chapter=None):
     """A cell outside the solutions: exercise statements locked, the others as
-    they are; {solution} directive blocks removed, as in the handout."""
+    they are; {solution} directive blocks removed and the listings of an
+    exercise's answer replaced by a note, as in the handout (`chapter`: its number)."""
     if cell.cell_type != "markdown":
         return cell
     statement = EXERCISE.search(cell.source)
     cell = copy.deepcopy(cell)
-    cell.source = SOLUTION_BLOCK.sub("", cell.source).strip()
+    cell.source = students_markdown(SOLUTION_BLOCK.sub("", cell.source), chapter).strip()
     if statement:
         return marked(cell, f"{statement.group(1)}-statement", locked=True)
     return cell if cell.source else None
 
 
-def source_cells(cells, exercises):
-    """The cells of a chapter's nbgrader source notebook; `exercises`: {label: manifest entry}."""
+def source_cells(cells, exercises, chapter=None):
+    """The cells of a chapter's nbgrader source notebook; `exercises`: {label: manifest entry}; `chapter`: its number."""
     out, checked = [], None
     for label, block in pieces(cells):
         if checked:
             out += autograder_tests(checked, block[0])
             checked = None
         elif label is None:
-            out += [cell for cell in [chapter_cell(block[0])] if cell is not None]
+            out += [cell for cell in [chapter_cell(block[0], chapter)] if cell is not None]
         else:
             out += solution_cells(exercises[label], block)
             checked = exercises[label] if exercises[label]["checks"] else None
@@ -178,7 +182,7 @@ def source_notebook(path):
     import nbformat  # here, not above: `--help` is answered without it
     notebook = nbformat.read(path, as_version=4)
     exercises = {exercise["label"]: exercise for exercise in chapter_exercises(path)}
-    notebook.cells = source_cells(notebook.cells, exercises)
+    notebook.cells = source_cells(notebook.cells, exercises, int(Path(path).name[:2]))
     ids = [c.metadata["nbgrader"]["grade_id"] for c in notebook.cells if "nbgrader" in c.metadata]
     if len(ids) != len(set(ids)):
         raise ValueError(f"{path.name}: two cells share an nbgrader grade_id")

@@ -17,7 +17,9 @@ notebook), "visibility": "visible", and "tests", one per check, each with "name"
 "visibility": "visible". Every string is plain text ("output_format",
 "test_output_format" and "test_name_format" are "text"), so that a message such as
 `<lambda>` is shown as written rather than read as HTML. A row's `seed`, if it has
-one, goes into the test's "extra_data".
+one, and its `copy`, if set, go into the test's "extra_data", which Gradescope keeps with the
+results and does not show the student: a copy of the library's code is a lead for the
+instructor to judge (tools/grading/copies.py), not a verdict to show before they have.
 
 One submission is graded for ONE assignment (tools/publishing/handout_manifest.py: a chapter, or
 exercises of one chapter), which the autograder's exercises.json records. Given it
@@ -160,8 +162,9 @@ def gradescope_results(rows, note="", assignment=None):
         test = {"name": test_name(row, len(students) > 1), "score": tidy(row["points"]),
                 "max_score": tidy(row["max_points"]), "status": "passed" if row.get("passed") else "failed",
                 "output": test_output(row), "visibility": VISIBLE}
-        if row.get("seed") is not None:
-            test["extra_data"] = {"seed": row["seed"]}
+        extra = {key: row[key] for key in ("seed", "copy") if row.get(key) not in (None, "")}
+        if extra:
+            test["extra_data"] = extra
         tests.append(test)
     score = sum(r["points"] for r in rows)
     if assignment is not None and score > assignment["max_points"]:

@@ -32,8 +32,11 @@ exceeds its maximum.
 
 Prints, per student, every check with every failure in full (hint included),
 and writes `grades.csv` and `grades.json` (one row per student and check:
-student, exercise, check, passed, message, points, max_points, chapter) into
---out (default: the current folder). Points come from the list of exercises
+student, exercise, check, passed, message, points, max_points, chapter, seed, copy) into
+--out (default: the current folder). `copy` is "" unless the graded function (or a helper
+of the learner's that it calls) is the library's code or a listing of the chapter, nearly or
+exactly (tools/grading/copies.py says how it compares): a lead for the instructor, shown in the
+report, that never changes the points. Points come from the list of exercises
 (tools/publishing/handout_manifest.py). Notebooks are graded in parallel (--jobs), with a
 progress bar on stderr. Exit code 0 when every check of every notebook passed.
 """
@@ -108,7 +111,8 @@ def covered_folders(paths, out, manifest_path):
 def tampered_rows(rows, student):
     """The rows of a notebook after which the library, the grader or the manifest changed: all failed."""
     said = "the library, the grader or the manifest changed while this notebook was graded: not graded"
-    return [Row(r.student, r.exercise, r.check, False, said, 0, r.max_points, r.chapter, r.seed) for r in rows] or [
+    return [Row(r.student, r.exercise, r.check, False, said, 0, r.max_points, r.chapter, r.seed, r.copy)
+            for r in rows] or [
         Row(student, "", "", False, said, 0, 0, "")]
 
 
@@ -196,6 +200,8 @@ def summary(rows):
             lines.append(f"  {'passed' if row.passed else 'FAILED'}  {row.check or '-'}  ({row.exercise or '-'})")
             if not row.passed:
                 lines.append(indent(row.message, 10))
+            if row.copy:
+                lines.append(indent(f"copy: {row.copy} (for you to judge: the points stand)", 10))
     return "\n".join(lines)
 
 

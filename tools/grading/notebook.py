@@ -38,6 +38,7 @@ from pathlib import Path
 import nbformat
 
 from tools.grading import cases
+from tools.grading.copies import copy_column
 from tools.grading.check_cells import tampered_checks
 from tools.grading.notebook_slice import code_binding, statements
 from tools.grading.sandbox import Limits, LimitReached, Worker
@@ -58,6 +59,7 @@ class Row:
     max_points: float
     chapter: str
     seed: int | None = None  # what drew the check's random cases (None: the check was not run)
+    copy: str = ""  # the library's code or the chapter's listings that the function is (tools/grading/copies.py)
 
 
 def chapter_of(notebook, path, manifest):
@@ -203,6 +205,7 @@ def rows_for(student, chapter, notebook, secret, limits, covered):
     checks = [c for e in exercises for c in e["checks"]]
     seeds = {c["check"]: seed_of(secret, student, c["check"], notebook) for c in checks}
     outcomes = run_checks(notebook, checks, seeds, limits, covered) if checks else {}
+    copied = copy_column(code_of(notebook), [c["function"] for c in checks], chapter["notebook"])
     rows = []
     for exercise in exercises:
         tampering = tampered_checks(notebook.cells, exercise)
@@ -212,7 +215,8 @@ def rows_for(student, chapter, notebook, secret, limits, covered):
             said = described(status, message, check["function"], notebook.cells)
             passed, message = verdict(status, said, tampering.get(check["check"]))
             rows.append(Row(student, exercise["label"], check["check"], passed, message,
-                            share if passed else 0, share, Path(chapter["notebook"]).stem, seeds[check["check"]]))
+                            share if passed else 0, share, Path(chapter["notebook"]).stem, seeds[check["check"]],
+                            copied[check["function"]]))
     return rows
 
 

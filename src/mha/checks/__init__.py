@@ -40,6 +40,7 @@ from mha.checks.ch13 import check_rms_norm, check_sliding_window_mask, check_sof
 from mha.checks.ch14 import (check_apply_temperature, check_loss_to_bits_per_character, check_top_k_filter,
                              check_top_p_filter)
 from mha.checks.ch15 import check_all_reduce_bytes, check_merge_partials, check_shard_by_heads
+from mha.checks.ch15_ranks import check_rank_partial_output, check_ring_attention_lists, check_ulysses_all_to_all
 from mha.checks.registry import CheckFailed
 
 __all__ = [
@@ -61,4 +62,5 @@ __all__ = [
     "check_apply_temperature", "check_top_k_filter", "check_top_p_filter",
     "check_loss_to_bits_per_character",  # chapter 14
     "check_shard_by_heads", "check_merge_partials", "check_all_reduce_bytes",  # chapter 15
+    "check_ulysses_all_to_all", "check_ring_attention_lists", "check_rank_partial_output",  # chapter 15, the ranks
 ]

@@ -169,3 +169,12 @@ SHARD_ROUTES = ("heads_from_fused", "split_heads")
 MERGE_PARTIALS_FORBIDS = routes_but(SOFTMAX_ROUTES, "merge_partials")
 # mha.numpy.wire_bytes turns a payload ({pass: {"all_reduce": n}}) into the same bytes: the exercise's answer.
 BYTES_ROUTES = ("wire_bytes",)
+# mnp.all_to_all is the exchange's core (who sends what to whom, transposed), and ulysses_attention makes the exchange
+# inside (the text permits slicing, np.split and np.concatenate).
+ULYSSES_EXCHANGE_FORBIDS = ("all_to_all", "ulysses_attention")
+# The ring loop: ring_attention is the loop itself, and any attention or softmax of the whole sequence gives the
+# answer in one call. The text permits attention_partial and merge_partials: the loop and the merge are the point.
+RING_LOOP_FORBIDS = routes_but(SOFTMAX_ROUTES, "attention_partial", "merge_partials")
+# tensor_parallel_attention returns every rank's partial output: the answer (the text permits shard_by_heads and
+# multihead_attention, which call none of it).
+RANK_PARTIAL_FORBIDS = ("tensor_parallel_attention",)

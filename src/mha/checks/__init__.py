@@ -18,8 +18,8 @@ The answers are compared with a copy of `mha.numpy` taken when `mha.checks` is
 imported (`mha.checks.reference`), so reassigning `mha.numpy.softmax` changes
 nothing; and a solution that calls the very function it should replace is refused
 (`mha.checks.own_work`). Each chapter's checks live in `mha.checks.ch01` ...
-`mha.checks.ch15`, with their cases and their catalogue of classic mistakes side by
-side; what several chapters share is in `mha.checks.common` (no chapter's module imports
+`mha.checks.ch15` (chapter 13's in two: `ch13` and `ch13_queries_keys`), with their
+cases and their catalogue of classic mistakes side by side; what several chapters share is in `mha.checks.common` (no chapter's module imports
 another's); the machinery that registers and runs them is `mha.checks.registry`.
 """
 
@@ -37,6 +37,7 @@ from mha.checks.ch10 import check_alibi_bias, check_sinusoidal_positions
 from mha.checks.ch11 import check_causal_lm_loss, check_generate_greedy
 from mha.checks.ch12 import check_apply_rotary, check_attend_with_cache, check_kv_cache_bytes, check_repeat_kv
 from mha.checks.ch13 import check_rms_norm, check_sliding_window_mask, check_soft_cap, check_swiglu
+from mha.checks.ch13_queries_keys import check_ntk_frequencies, check_rms_norm_per_head
 from mha.checks.ch14 import (check_apply_temperature, check_loss_to_bits_per_character, check_top_k_filter,
                              check_top_p_filter)
 from mha.checks.ch15 import check_all_reduce_bytes, check_merge_partials, check_shard_by_heads
@@ -58,7 +59,8 @@ __all__ = [
     "check_sinusoidal_positions", "check_alibi_bias",  # chapter 10
     "check_causal_lm_loss", "check_generate_greedy",  # chapter 11
     "check_repeat_kv", "check_apply_rotary", "check_attend_with_cache", "check_kv_cache_bytes",  # chapter 12
-    "check_rms_norm", "check_swiglu", "check_soft_cap", "check_sliding_window_mask",  # chapter 13
+    "check_rms_norm", "check_swiglu", "check_soft_cap", "check_sliding_window_mask", "check_rms_norm_per_head",
+    "check_ntk_frequencies",  # chapter 13
     "check_apply_temperature", "check_top_k_filter", "check_top_p_filter",
     "check_loss_to_bits_per_character",  # chapter 14
     "check_shard_by_heads", "check_merge_partials", "check_all_reduce_bytes",  # chapter 15

@@ -16,7 +16,8 @@ from mha.checks.registry import Case, cases_for, make_check, mistake, random_cas
 @cases_for("rms_norm", may_use="NumPy (not mnp.layer_norm)", forbids=NORM_ROUTES)
 def rms_norm_cases(r):
     """Vectors far from mean 0, one vector, a row of zeros (where 0 / 0 waits without eps), a large eps,
-    Gemma's unit offset, and float32 features of size 1e-3, whose mean square is about eps."""
+    Gemma's unit offset, float32 features of size 1e-3, whose mean square is about eps, and eps left to its
+    default where a wrong default (1e-5) shows."""
     X = 3 + 2 * r.standard_normal((2, 4, 6))  # (B, T, d), mean about 3
     weight = 1 + 0.5 * r.standard_normal(6)
     with_zeros = r.standard_normal((3, 5))
@@ -30,6 +31,8 @@ def rms_norm_cases(r):
              {"unit_offset": True}),
         Case("float32 features of size 1e-3: the mean square is about eps",
              ((1e-3 * r.standard_normal((2, 3, 8))).astype(np.float32), (1 + r.standard_normal(8)).astype(np.float32))),
+        Case("eps left to its default (1e-6), features whose mean square is about 1e-5",
+             (10 ** -2.5 * r.standard_normal((3, 8)), 1 + 0.5 * r.standard_normal(8))),
     ]
 
 
@@ -61,6 +64,12 @@ def rms_norm_subtracts_mean(X, weight, eps=1e-6, *, unit_offset=False):
          "gives 0 / 0, and tiny vectors are blown up")
 def rms_norm_without_eps(X, weight, eps=1e-6, *, unit_offset=False):
     return X / np.sqrt((X ** 2).mean(-1, keepdims=True)) * scale_of(weight, unit_offset)
+
+
+@mistake("rms_norm", "keep the signature's default, eps=1e-6: the check calls rms_norm(X, weight) without eps on "
+         "most cases, and a default of 1e-5 (torch.nn.LayerNorm's) changes every vector whose mean square is small")
+def rms_norm_default_eps_1e5(X, weight, eps=1e-5, *, unit_offset=False):
+    return X / np.sqrt((X ** 2).mean(-1, keepdims=True) + eps) * scale_of(weight, unit_offset)
 
 
 @mistake("rms_norm", "eps goes inside the square root: sqrt(mean(x^2) + eps), not sqrt(mean(x^2)) + eps")

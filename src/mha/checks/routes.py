@@ -149,6 +149,13 @@ CAP_ROUTES = ("scaled_dot_product_attention", "grouped_query_attention", "transf
 # causal_mask_after(T, 0, window=window) is the whole answer, and every causal pattern is its causal part; the
 # weights of grouped_query_attention(..., causal=True, sliding_window=window) are above 0 exactly on the mask.
 WINDOW_ROUTES = routes_but(CAUSAL_ROUTES, "sliding_window_mask")
+# QK-norm per head: mnp.rms_norm of the split heads is the answer (the split is permitted: mnp.split_heads), and
+# the NORM_ROUTES compute RMSNorm too (grouped_query_attention's q_norm of width d_head is this very norm).
+QK_NORM_FORBIDS = ("rms_norm",) + NORM_ROUTES
+# Dynamic NTK: rotary_frequencies(d_head, base, {"rope_type": "dynamic", ...}, seq_len=...) is the answer, the
+# SINUSOID_ROUTES give RoPE's frequencies (or their angles) for any base, the rest of the exercise once the base is
+# known, and transformer_lm turns its queries and keys by a scaled RoPE (rope_scaling).
+NTK_FORBIDS = joined(SINUSOID_ROUTES, ("transformer_lm",))
 
 # Chapter 14 -----------------------------------------------------------------------------------------------
 

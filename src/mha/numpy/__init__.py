@@ -38,7 +38,7 @@ from mha.numpy.blocks import (
 from mha.numpy.cache import KVCache, kv_cache_bytes
 from mha.numpy.chunked import chunked_attention
 from mha.numpy.grouped import (
-    attend_with_cache, causal_mask_after, grouped_query_attention, repeat_kv, sliding_window_mask,
+    attend_with_cache, causal_mask_after, grouped_query_attention, repeat_kv, rms_norm_per_head, sliding_window_mask,
 )
 from mha.numpy.model import (
     causal_lm_loss, cross_entropy, decoder_only_transformer, generate_greedy, log_softmax, loss_to_bits_per_character,
@@ -47,7 +47,7 @@ from mha.numpy.model import (
 from mha.numpy.lm import transformer_lm
 from mha.numpy.parts import gated_feed_forward, geglu, rms_norm, silu, soft_cap, swiglu
 from mha.numpy.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
-from mha.numpy.rotary import apply_rotary, rotary_at, rotary_embedding, rotary_frequencies, rotate_half
+from mha.numpy.rotary import apply_rotary, ntk_frequencies, rotary_at, rotary_embedding, rotary_frequencies, rotate_half
 from mha.numpy.sharding import (
     all_reduce, all_reduce_bytes, all_to_all, attention_partial, merge_partials, payload_per_layer, ring_attention,
     sequence_chunks, shard_by_heads, tensor_parallel_attention, ulysses_attention, wire_bytes,
@@ -79,6 +79,7 @@ __all__ = [
     "decoder_only_transformer", "log_softmax", "cross_entropy", "causal_lm_loss", "warmup_factor", "generate_greedy",
     # parts of today's models (chapter 13)
     "transformer_lm", "rotary_frequencies", "rotary_at", "rms_norm", "silu", "gated_feed_forward", "swiglu", "geglu", "soft_cap",
+    "rms_norm_per_head", "ntk_frequencies",
     # sampling (chapter 14)
     "filter_logits", "generate", "apply_temperature", "top_k_filter", "top_p_filter", "loss_to_bits_per_character",
     # heads across devices, ranks simulated as a list (chapter 15)

@@ -146,9 +146,22 @@ def query_key_norms(q, k, q_norm, k_norm, n_heads, n_kv_heads, d_head, eps, unit
     if (q_norm is None) != (k_norm is None):
         raise ValueError("give both q_norm and k_norm (QK-norm normalises queries and keys), or neither")
     per_head = q_norm is not None and np.shape(q_norm) == (d_head,) and np.shape(k_norm) == (d_head,)
-    if q_norm is not None and not per_head:
+    if per_head:  # Qwen3, Gemma 3
+        return (rms_norm_per_head(q, q_norm, n_heads, eps, unit_offset=unit_offset),
+                rms_norm_per_head(k, k_norm, n_kv_heads, eps, unit_offset=unit_offset))
+    if q_norm is not None:  # OLMo 2: all heads at once, then split
         q, k = rms_norm(q, q_norm, eps, unit_offset=unit_offset), rms_norm(k, k_norm, eps, unit_offset=unit_offset)
-    q, k = split_heads(q, n_heads), split_heads(k, n_kv_heads)  # (..., h, T, d_head), (..., h_kv, T, d_head)
-    if per_head:
-        q, k = rms_norm(q, q_norm, eps, unit_offset=unit_offset), rms_norm(k, k_norm, eps, unit_offset=unit_offset)
-    return q, k
+    return split_heads(q, n_heads), split_heads(k, n_kv_heads)  # (..., h, T, d_head), (..., h_kv, T, d_head)
+
+
+def rms_norm_per_head(x, weight, n_heads, eps=1e-6, *, unit_offset=False):
+    """QK-norm per head, as Qwen3 and Gemma 3 apply it before RoPE: the projected queries (or keys)
+    x (..., T, n_heads * d_head) split into heads, (..., n_heads, T, d_head), and each head's vector
+    RMS-normed over its own d_head features, scaled by weight (d_head,) (by 1 + weight with unit_offset)."""
+    heads = split_heads(x, n_heads)  # (..., h, T, d_head)
+    d_head = heads.shape[-1]
+    if np.ndim(weight) != 1 or np.shape(weight)[0] != d_head:
+        raise ValueError(f"weight has shape {validate.shape_str(np.shape(weight))}, but a norm per head scales the "
+                         f"d_head = {d_head} features of one head: give it shape ({d_head},) (a weight over all "
+                         f"heads, as OLMo 2's, goes to rms_norm before the split)")
+    return rms_norm(heads, weight, eps, unit_offset=unit_offset)

@@ -79,6 +79,15 @@ def rotary_frequencies(d_head, base=10000.0, scaling=None, *, seq_len=None, dtyp
     return inv_freq.astype(dtype), 1.0
 
 
+def ntk_frequencies(d_head, base, factor, seq_len, original_max):
+    """Dynamic NTK-aware RoPE (transformers' rope_type "dynamic"): the d_head / 2 frequencies (d_head / 2,)
+    for a sequence of seq_len positions, of a model trained on original_max positions. Up to original_max
+    they are RoPE's own; beyond, the base grows with seq_len, faster for a larger factor."""
+    scaling = {"rope_type": "dynamic", "factor": factor, "max_position_embeddings": original_max}
+    inv_freq, _ = rotary_frequencies(d_head, base, scaling, seq_len=seq_len)  # (d_head / 2,)
+    return inv_freq
+
+
 def llama3_frequencies(scaling, inv_freq):
     """Llama 3.1's: wavelengths longer than original / low_freq_factor divided by the factor, those
     shorter than original / high_freq_factor kept, and a smooth blend by wavelength between."""

@@ -18,7 +18,8 @@ The answers are compared with a copy of `mha.numpy` taken when `mha.checks` is
 imported (`mha.checks.reference`), so reassigning `mha.numpy.softmax` changes
 nothing; and a solution that calls the very function it should replace is refused
 (`mha.checks.own_work`). Each chapter's checks live in `mha.checks.ch01` ...
-`mha.checks.ch15` (chapter 13's in two: `ch13` and `ch13_queries_keys`), with their
+`mha.checks.ch15` (chapter 13's in two: `ch13` and `ch13_queries_keys`; chapter 14's in `ch14` and
+`ch14_training`), with their
 cases and their catalogue of classic mistakes side by side; what several chapters share is in `mha.checks.common` (no chapter's module imports
 another's); the machinery that registers and runs them is `mha.checks.registry`.
 """
@@ -40,6 +41,7 @@ from mha.checks.ch13 import check_rms_norm, check_sliding_window_mask, check_sof
 from mha.checks.ch13_queries_keys import check_ntk_frequencies, check_rms_norm_per_head
 from mha.checks.ch14 import (check_apply_temperature, check_loss_to_bits_per_character, check_top_k_filter,
                              check_top_p_filter)
+from mha.checks.ch14_training import check_clip_grad_norm, check_merge_pair, check_warmup_cosine
 from mha.checks.ch15 import check_all_reduce_bytes, check_merge_partials, check_shard_by_heads
 from mha.checks.ch15_ranks import check_rank_partial_output, check_ring_attention_lists, check_ulysses_all_to_all
 from mha.checks.registry import CheckFailed
@@ -62,7 +64,7 @@ __all__ = [
     "check_rms_norm", "check_swiglu", "check_soft_cap", "check_sliding_window_mask", "check_rms_norm_per_head",
     "check_ntk_frequencies",  # chapter 13
     "check_apply_temperature", "check_top_k_filter", "check_top_p_filter",
-    "check_loss_to_bits_per_character",  # chapter 14
+    "check_loss_to_bits_per_character", "check_merge_pair", "check_warmup_cosine", "check_clip_grad_norm",  # chapter 14
     "check_shard_by_heads", "check_merge_partials", "check_all_reduce_bytes",  # chapter 15
     "check_ulysses_all_to_all", "check_ring_attention_lists", "check_rank_partial_output",  # chapter 15, the ranks
 ]

@@ -60,6 +60,8 @@ class ListOf:
 
 def describe_structure(structure):
     """A structure as the learner would write the tuple, e.g. "(out, (self_weights, cross_weights))"."""
+    if isinstance(structure, ListOf):
+        return f"[{structure.part}, ...]"
     inner = ", ".join(p if isinstance(p, str) else describe_structure(p) for p in structure)
     return f"({inner})"
 

@@ -165,6 +165,10 @@ FILTER_ROUTES = ("filter_logits",)
 # mha.numpy has no route to bits per character. mha.text.bits_per_character(total_nats, n_characters) computes it,
 # but the student edition that grades holds mha.numpy alone (tools/grading/student_edition.py, COPIED).
 BITS_FORBIDS = ()
+# No other function of mha.numpy merges a BPE pair, computes a learning rate or clips gradients:
+# mha.text.training.learning_rate calls warmup_cosine itself (and is refused with it); torch's clip_grad_norm_ and
+# the tokenizers library are absent from the worker that grades (the checks permit no package).
+TRAINING_FORBIDS = ()
 
 # Chapter 15 -----------------------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ The modules, each importing only those above it:
     positions  positions added to tokens (learned, sinusoidal) or to the scores (ALiBi)
     model      a decoder-only Transformer (a small GPT), its loss, warm-up and greedy generation
     lm         transformer_lm: today's decoder-only models (GPT-2, Llama, Qwen, Gemma, OLMo 2) as one function
+    training   a run on text (chapter 14): a BPE merge step, the warm-up + cosine rate, gradient clipping
     sharding   heads across devices, the ranks simulated as a list: tensor, Ulysses and ring parallelism,
                the collectives, the online-softmax merge, and the payload and bytes they move
     rank_lists what one rank computes, as a list: Ulysses' all-to-all, the ring loop, a rank's partial output
@@ -47,6 +48,7 @@ from mha.numpy.model import (
 from mha.numpy.lm import transformer_lm
 from mha.numpy.parts import gated_feed_forward, geglu, rms_norm, silu, soft_cap, swiglu
 from mha.numpy.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
+from mha.numpy.training import clip_grad_norm, merge_pair, warmup_cosine
 from mha.numpy.rotary import apply_rotary, ntk_frequencies, rotary_at, rotary_embedding, rotary_frequencies, rotate_half
 from mha.numpy.sharding import (
     all_reduce, all_reduce_bytes, all_to_all, attention_partial, merge_partials, payload_per_layer, ring_attention,
@@ -82,6 +84,8 @@ __all__ = [
     "rms_norm_per_head", "ntk_frequencies",
     # sampling (chapter 14)
     "filter_logits", "generate", "apply_temperature", "top_k_filter", "top_p_filter", "loss_to_bits_per_character",
+    # training on text: a BPE merge, the learning rate, gradient clipping (chapter 14)
+    "merge_pair", "warmup_cosine", "clip_grad_norm",
     # heads across devices, ranks simulated as a list (chapter 15)
     "shard_by_heads", "tensor_parallel_attention", "all_reduce", "all_to_all", "ulysses_attention", "sequence_chunks",
     "attention_partial", "merge_partials", "ring_attention", "all_reduce_bytes", "payload_per_layer", "wire_bytes",

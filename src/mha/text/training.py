@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import mha.numpy as mnp
 import mha.torch as mt
 from mha import validate
 
@@ -83,12 +84,9 @@ class TrainingConfig:
 
 def learning_rate(step, config):
     """The learning rate of step (1-based): linear warm-up to config.lr over warmup_steps, then a cosine
-    from lr down to min_lr_ratio * lr at config.steps (and flat after it)."""
-    if step <= config.warmup_steps:
-        return config.lr * step / config.warmup_steps
-    progress = min(1.0, (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps))
-    floor = config.min_lr_ratio * config.lr
-    return floor + (config.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    from lr down to min_lr_ratio * lr at config.steps (and flat after it): mha.numpy.warmup_cosine."""
+    return mnp.warmup_cosine(step, peak=config.lr, warmup_steps=config.warmup_steps, total_steps=config.steps,
+                             final=config.min_lr_ratio * config.lr)
 
 
 def new_model(config, vocab_size, *, dtype=None):

@@ -11,17 +11,18 @@ import pytest
 
 from learners import SEEDS
 
-from mha.checks import ch15
+from mha.checks import ch15, ch15_ranks
 from mha.checks.registry import CHECKS, CheckFailed
 
 CHAPTER_15 = ["shard_by_heads", "merge_partials", "all_reduce_bytes"]
+RANKS_15 = ["ulysses_all_to_all", "ring_attention_lists", "rank_partial_output"]  # mha.checks.ch15_ranks
 
 
 def run(name, fn, seed):
     """The check of `name` on fn with `seed`; the line it printed (its confirmation)."""
     printed = io.StringIO()
     with redirect_stdout(printed):
-        getattr(ch15, f"check_{name}")(fn, seed=seed)
+        getattr(ch15 if name in CHAPTER_15 else ch15_ranks, f"check_{name}")(fn, seed=seed)
     return printed.getvalue().strip()
 
 
@@ -94,9 +95,59 @@ def all_reduce_bytes_step_by_step(n_elements, world_size, bytes_per_element=4):
     return steps * (n_elements / world_size) * bytes_per_element
 
 
+def ulysses_all_to_all(held):
+    """Each rank's array cut by heads, the pieces for rank s stacked along the positions."""
+    P = len(held)
+    if held[0].shape[-3] % P:
+        raise ValueError("world_size must divide the heads")
+    pieces = [np.split(np.asarray(a), P, axis=-3) for a in held]  # pieces[r][s]: (..., h/P, T/P, d)
+    return [np.concatenate([pieces[r][s] for r in range(P)], axis=-2) for s in range(P)]
+
+
+def ring_attention_lists(Q_chunks, K_chunks, V_chunks, *, causal=False):
+    """The loop with NumPy only: each rank's running maximum, sum and weighted values (chapter 8's online softmax)."""
+    P, n = len(Q_chunks), Q_chunks[0].shape[-2]
+    outs = []
+    for r in range(P):
+        q = Q_chunks[r] / np.sqrt(Q_chunks[r].shape[-1])
+        top, total, acc = None, None, None
+        for step in range(P):
+            owner = (r - step) % P
+            if causal and owner > r:
+                continue
+            scores = q @ np.swapaxes(K_chunks[owner], -1, -2)  # (..., n, n)
+            if causal and owner == r:
+                scores = np.where(np.tril(np.ones((n, n), dtype=bool)), scores, -np.inf)
+            new_top = scores.max(axis=-1, keepdims=True) if top is None else np.maximum(top, scores.max(-1, keepdims=True))
+            e = np.exp(scores - new_top)
+            if top is None:
+                total, acc = e.sum(-1, keepdims=True), e @ V_chunks[owner]
+            else:
+                shrink = np.exp(top - new_top)
+                total, acc = total * shrink + e.sum(-1, keepdims=True), acc * shrink + e @ V_chunks[owner]
+            top = new_top
+        outs.append(acc / total)
+    return outs
+
+
+def rank_partial_output(X, W_q, W_k, W_v, W_o, n_heads, rank, world_size):
+    """Head by head: each of the rank's heads attends, and its output meets its own rows of W_o."""
+    if n_heads % world_size:
+        raise ValueError("world_size must divide n_heads")
+    d_head, g = W_q.shape[1] // n_heads, n_heads // world_size
+    total = 0
+    for i in range(rank * g, (rank + 1) * g):
+        cols = slice(i * d_head, (i + 1) * d_head)
+        q, k, v = X @ W_q[:, cols], X @ W_k[:, cols], X @ W_v[:, cols]  # (..., T, d_head)
+        scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_head)
+        w = np.exp(scores - scores.max(-1, keepdims=True))
+        total = total + (w / w.sum(-1, keepdims=True)) @ v @ W_o[cols]  # (..., T, d_out)
+    return total
+
+
 FROM_SCRATCH = [shard_by_heads, shard_by_heads_head_by_head, merge_partials, all_reduce_bytes,
-                all_reduce_bytes_step_by_step]
+                all_reduce_bytes_step_by_step, ulysses_all_to_all, ring_attention_lists, rank_partial_output]
 
 
 def name_of(fn):
-    return next(name for name in CHAPTER_15 if fn.__name__.startswith(name))
+    return next(name for name in CHAPTER_15 + RANKS_15 if fn.__name__.startswith(name))

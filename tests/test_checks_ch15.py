@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from learners import SEEDS
-from solutions_ch15 import (CHAPTER_15, FROM_SCRATCH, all_cases, failures_on_every_seed, hint_of, labelled,
+from solutions_ch15 import (CHAPTER_15, FROM_SCRATCH, RANKS_15, all_cases, failures_on_every_seed, hint_of, labelled,
                             merge_partials, name_of, run)
 
 import mha.numpy as mnp
@@ -18,9 +18,11 @@ from mha.checks.registry import CHECKS, expected_answer
 
 
 def test_every_check_of_chapter_15_has_a_solution_from_scratch_here():
-    assert {name_of(f) for f in FROM_SCRATCH} == set(CHAPTER_15)
+    assert {name_of(f) for f in FROM_SCRATCH} == set(CHAPTER_15 + RANKS_15)
     assert {name for name, check in CHECKS.items() if check.make_cases.__module__ == "mha.checks.ch15"} == \
         set(CHAPTER_15)
+    assert {name for name, check in CHECKS.items() if check.make_cases.__module__ == "mha.checks.ch15_ranks"} == \
+        set(RANKS_15)
 
 
 @pytest.mark.parametrize("fn", FROM_SCRATCH, ids=[f.__name__ for f in FROM_SCRATCH])

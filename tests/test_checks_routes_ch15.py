@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from learners import SEEDS, exercise_texts, student_edition
-from solutions_ch15 import CHAPTER_15, FROM_SCRATCH, failures_on_every_seed, name_of, run
+from solutions_ch15 import CHAPTER_15, FROM_SCRATCH, RANKS_15, failures_on_every_seed, name_of, run
 
 import mha.numpy as mnp
 from mha.checks.compare import compare_result
@@ -101,7 +101,7 @@ def test_the_exercises_text_agrees_with_the_checks():
     """Each check's exercise exists; shard_by_heads asks for a ValueError when P does not divide h (its last named
     case requires it), the other two ask for no error; each rules out by name what its check forbids."""
     texts = {name: " ".join(text.split()) for name, text in exercise_texts(15).items()}
-    assert sorted(texts) == sorted(CHAPTER_15)
+    assert sorted(texts) == sorted(CHAPTER_15 + RANKS_15)
     assert "ValueError" in texts["shard_by_heads"]
     for name in ("merge_partials", "all_reduce_bytes"):
         assert not re.search(r"ValueError|TypeError|\braise", texts[name]), name

@@ -4,7 +4,7 @@ kept float32, sharing no code with the library."""
 
 import numpy as np
 
-CHAPTER_13 = ["rms_norm", "swiglu", "soft_cap", "sliding_window_mask"]
+CHAPTER_13 = ["rms_norm", "swiglu", "soft_cap", "sliding_window_mask", "rms_norm_per_head", "ntk_frequencies"]
 
 
 def rms_norm(X, weight, eps=1e-6, *, unit_offset=False):
@@ -29,4 +29,19 @@ def sliding_window_mask(T, window):
     return (distance >= 0) & (distance < window)
 
 
-FROM_SCRATCH = {f.__name__: f for f in (rms_norm, swiglu, soft_cap, sliding_window_mask)}
+def rms_norm_per_head(x, weight, n_heads, eps=1e-6, *, unit_offset=False):
+    x = np.asarray(x)
+    d_head = x.shape[-1] // n_heads
+    heads = np.stack([x[..., i * d_head:(i + 1) * d_head] for i in range(n_heads)], axis=-3)  # (..., h, T, d_head)
+    mean_square = np.einsum("...d,...d->...", heads, heads)[..., None] / d_head  # (..., h, T, 1)
+    return heads / np.sqrt(mean_square + eps) * (1 + weight if unit_offset else weight)
+
+
+def ntk_frequencies(d_head, base, factor, seq_len, original_max):
+    ratio = 1 + factor * max(seq_len - original_max, 0) / original_max  # 1 up to original_max, then linear
+    log_base = np.log(base) + d_head / (d_head - 2) * np.log(ratio)  # log of the grown base
+    return np.exp(-log_base * np.arange(d_head // 2) * 2 / d_head)  # (d_head / 2,)
+
+
+FROM_SCRATCH = {f.__name__: f for f in (rms_norm, swiglu, soft_cap, sliding_window_mask, rms_norm_per_head,
+                                        ntk_frequencies)}

@@ -1,4 +1,5 @@
-"""The checks of chapter 13 (rms_norm, swiglu, soft_cap, sliding_window_mask), as the traps of the earlier
+"""The checks of chapter 13 (rms_norm, swiglu, soft_cap, sliding_window_mask; rms_norm_per_head and
+ntk_frequencies, whose traps are in tests/test_checks_ch13_queries_keys.py), as the traps of the earlier
 chapters are tested: a right solution written from scratch passes on every seed (0..9); every wrong solution
 that a learner writes fails on a fixed named case, on every seed, with the hint that fits; an input written in
 place is refused; and what each exercise may not call (`forbids`) agrees with its text, so that the student
@@ -24,8 +25,8 @@ def hint_of(message):
 
 def test_every_check_of_chapter_13_has_a_solution_from_scratch_here():
     assert sorted(FROM_SCRATCH) == sorted(CHAPTER_13)
-    assert {name for name, check in CHECKS.items() if check.make_cases.__module__ == "mha.checks.ch13"} == \
-        set(CHAPTER_13)
+    assert {name for name, check in CHECKS.items()
+            if check.make_cases.__module__ in ("mha.checks.ch13", "mha.checks.ch13_queries_keys")} == set(CHAPTER_13)
 
 
 @pytest.mark.parametrize("name", CHAPTER_13)
@@ -194,7 +195,8 @@ def test_no_exercise_of_chapter_13_asks_for_an_error():
 
 # The library functions that an exercise's text names as ruled out (the others are ruled out by "with NumPy").
 RULED_OUT_BY_NAME = {"rms_norm": {"layer_norm"}, "swiglu": {"silu", "gated_feed_forward"},
-                     "sliding_window_mask": {"causal_mask", "causal_mask_after"}}
+                     "sliding_window_mask": {"causal_mask", "causal_mask_after"}, "rms_norm_per_head": {"rms_norm"},
+                     "ntk_frequencies": {"rotary_frequencies"}}
 
 
 @pytest.mark.parametrize("name", CHAPTER_13)

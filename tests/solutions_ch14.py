@@ -11,7 +11,9 @@ from learners import SEEDS
 
 from mha.checks.registry import CHECKS
 
-CHAPTER_14 = ["apply_temperature", "top_k_filter", "top_p_filter", "loss_to_bits_per_character"]
+CHAPTER_14 = ["apply_temperature", "top_k_filter", "top_p_filter", "loss_to_bits_per_character", "merge_pair",
+              "warmup_cosine", "clip_grad_norm"]
+TRAINING = CHAPTER_14[4:]  # the run around the model: their checks are in mha.checks.ch14_training
 FILTERS = CHAPTER_14[:3]
 BOUNDARY, TINY, LARGE = "the boundary reached exactly", "p = 1e-20", "logits of about 1000"  # top-p's named traps
 
@@ -81,4 +83,37 @@ def loss_to_bits_per_character(mean_loss, n_tokens, n_characters):
     return total_bits / n_characters
 
 
-FROM_SCRATCH = [apply_temperature, top_k_filter, top_p_filter, top_p_filter_row_by_row, loss_to_bits_per_character]
+def merge_pair(ids, pair, new_id):
+    """A skip flag instead of an index that jumps by 2."""
+    merged, just_merged = [], False
+    for i, token in enumerate(ids):
+        if just_merged:  # this id was the second of a merged pair
+            just_merged = False
+            continue
+        if i + 1 < len(ids) and token == pair[0] and ids[i + 1] == pair[1]:
+            merged.append(new_id)
+            just_merged = True
+        else:
+            merged.append(token)
+    return merged
+
+
+def warmup_cosine(step, *, peak, warmup_steps, total_steps, final=0.0):
+    """The warm-up with a strict <, the progress as steps done over steps of the decay."""
+    if step < warmup_steps:
+        return peak * step / warmup_steps
+    decay_steps = max(total_steps - warmup_steps, 1)
+    done = min(step - warmup_steps, decay_steps)
+    return final + (peak - final) * (1 + math.cos(math.pi * done / decay_steps)) / 2
+
+
+def clip_grad_norm(grads, max_norm):
+    """Every entry in one long float64 vector for the norm; a factor of at most 1 for every array."""
+    entries = np.concatenate([np.ravel(g).astype(np.float64) for g in grads] + [np.zeros(0)])
+    total = float(np.sqrt(entries @ entries))
+    factor = min(1.0, max_norm / (total + 1e-6))
+    return [g * factor for g in grads], total
+
+
+FROM_SCRATCH = [apply_temperature, top_k_filter, top_p_filter, top_p_filter_row_by_row, loss_to_bits_per_character,
+                merge_pair, warmup_cosine, clip_grad_norm]

@@ -2,6 +2,8 @@
 value, the top-p boundary reached exactly, p so tiny that 1 - p rounds to 1, logits that overflow e^x), no case
 lets rounding or a tie decide top-p's cut, and an input written in place is refused."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -99,3 +101,86 @@ IN_PLACE = [("apply_temperature", temperature_into_logits), ("top_k_filter", top
 def test_an_input_written_in_place_is_refused_on_every_seed(name, fn):
     for message in failures_on_every_seed(name, fn):
         assert "logits was changed in place" in message and "work on a copy" in message, message
+
+
+def merge_into_ids(ids, pair, new_id):
+    i = 0
+    while i < len(ids) - 1:
+        if (ids[i], ids[i + 1]) == tuple(pair):
+            ids[i:i + 2] = [new_id]  # into the caller's list
+        i += 1
+    return ids
+
+
+def clip_into_grads(grads, max_norm):
+    total = math.sqrt(sum(float(np.sum(g * g)) for g in grads))
+    for g in grads:
+        g *= min(1.0, max_norm / (total + 1e-6))  # into the caller's arrays
+    return grads, total
+
+
+@pytest.mark.parametrize("name,fn,what", [("merge_pair", merge_into_ids, "ids was changed in place"),
+                                          ("clip_grad_norm", clip_into_grads, "grads[0] was changed in place")])
+def test_a_list_or_its_arrays_written_in_place_are_refused_on_every_seed(name, fn, what):
+    for message in failures_on_every_seed(name, fn):
+        assert what in message and "work on a copy" in message, message
+
+
+def clip_or_give_back(grads, max_norm):
+    total = math.sqrt(sum(float(np.sum(g * g)) for g in grads))
+    if total <= max_norm:
+        return grads, total  # the caller's own arrays, not new ones
+    return [g * (max_norm / (total + 1e-6)) for g in grads], total
+
+
+def test_gradients_given_back_unclipped_are_refused_as_shared_memory():
+    """The text asks for new arrays: the same values, but the caller's arrays, fail once every value is right."""
+    for message in failures_on_every_seed("clip_grad_norm", clip_or_give_back):
+        assert "shares memory with the input grads[" in message and "small gradients" in message, message
+
+
+# The named traps of the run around the model ------------------------------------------------------------------
+
+
+def test_the_named_traps_of_merge_pair_are_there():
+    ids, pair, new_id = labelled("merge_pair", "overlapping").args
+    assert len(ids) == 3 and pair[0] == pair[1] == ids[0] == ids[1] == ids[2] and new_id >= 256
+    ids, pair, _ = labelled("merge_pair", "reversed").args
+    adjacent = set(zip(ids, ids[1:]))
+    assert pair[::-1] in adjacent and tuple(pair) not in adjacent
+    ids, pair, _ = labelled("merge_pair", "at the end").args
+    assert tuple(ids[-2:]) == tuple(pair)
+    assert labelled("merge_pair", "empty").args[0] == [] and len(labelled("merge_pair", "one id").args[0]) == 1
+    assert labelled("merge_pair", "one id").args[0][0] == labelled("merge_pair", "one id").args[1][0]
+
+
+def test_the_named_traps_of_warmup_cosine_are_there():
+    """Step 0, the warm-up's last step and the next, the end and beyond, no warm-up, final left out; final above 0
+    elsewhere, and learning rates about 1e6 times the comparison's absolute tolerance (1e-9)."""
+    cases = CHECKS["warmup_cosine"].named_cases(0)
+    where = {case.label: (case.args[0], case.kwargs) for case in cases}
+    steps = {label.split(":")[0]: int(step) - int(kw["warmup_steps"]) for label, (step, kw) in where.items()}
+    assert steps["the last warm-up step, step = warmup_steps"] == 0
+    assert steps["the first cosine step, warmup_steps + 1"] == 1
+    step, run = where["the last step, step = total_steps: final"]
+    assert step == run["total_steps"] and where["3 steps beyond the end: still final"][0] == step + 3
+    assert where["step 0, before the first update"][0] == 0
+    assert where["warmup_steps = 0, step 0: the cosine starts at the peak"][1]["warmup_steps"] == 0
+    assert all(("final" in kw) == ("final left out" not in label) for label, (_, kw) in where.items())
+    assert all(kw.get("final", 1) > 0 and 1e-3 <= kw["peak"] <= 1e-2 for _, kw in where.values())
+
+
+def test_the_named_traps_of_clip_grad_norm_are_there():
+    """Arrays each below max_norm but above it together; a norm of 2e-5 where the 1e-6 changes the factor by 5%;
+    zeros; float32; an array of shape (); an empty list."""
+    def norm(arrays):
+        return math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in arrays))
+    grads, max_norm = labelled("clip_grad_norm", "each of norm 0.9").args
+    assert all(norm([g]) < max_norm for g in grads) and norm(grads) > max_norm
+    grads, max_norm = labelled("clip_grad_norm", "tiny max_norm").args
+    assert norm(grads) == pytest.approx(2e-5) and max_norm / norm(grads) / (max_norm / (norm(grads) + 1e-6)) > 1.04
+    assert norm(labelled("clip_grad_norm", "small gradients").args[0]) < labelled("clip_grad_norm", "small").args[1]
+    assert norm(labelled("clip_grad_norm", "zero").args[0]) == 0
+    assert {g.dtype for g in labelled("clip_grad_norm", "float32").args[0]} == {np.dtype(np.float32)}
+    assert () in [g.shape for g in labelled("clip_grad_norm", "shape ()").args[0]]
+    assert labelled("clip_grad_norm", "empty list").args[0] == []

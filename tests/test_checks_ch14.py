@@ -12,7 +12,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from learners import SEEDS, failures_on_every_seed, run
-from solutions_ch14 import (BOUNDARY, CHAPTER_14, FILTERS, FROM_SCRATCH, LARGE, TINY, all_cases, hint_of,
+from solutions_ch14 import (BOUNDARY, CHAPTER_14, FILTERS, FROM_SCRATCH, LARGE, TINY, TRAINING, all_cases, hint_of,
                             labelled)
 
 import mha.numpy as mnp
@@ -22,7 +22,9 @@ from mha.checks.registry import CHECKS, expected_answer
 def test_every_check_of_chapter_14_has_a_solution_from_scratch_here():
     assert {f.__name__ for f in FROM_SCRATCH} - {"top_p_filter_row_by_row"} == set(CHAPTER_14)
     assert {name for name, check in CHECKS.items() if check.make_cases.__module__ == "mha.checks.ch14"} == \
-        set(CHAPTER_14)
+        set(CHAPTER_14) - set(TRAINING)
+    assert {name for name, check in CHECKS.items() if check.make_cases.__module__ == "mha.checks.ch14_training"} == \
+        set(TRAINING)
 
 
 @pytest.mark.parametrize("fn", FROM_SCRATCH, ids=[f.__name__ for f in FROM_SCRATCH])
@@ -68,6 +70,52 @@ def test_bits_per_character_by_hand():
     assert mnp.loss_to_bits_per_character(4.0, 1000, 4000) == pytest.approx(1 / math.log(2), rel=1e-15)
     uniform = expected_answer("loss_to_bits_per_character", labelled("loss_to_bits_per_character", "uniform"))
     assert uniform == pytest.approx(math.log2(100), rel=1e-12)  # a uniform model over 100 characters: log2(100) bits
+
+
+def test_the_reference_of_clip_grad_norm_is_torch_s_clip_grad_norm_on_every_case():
+    """torch.nn.utils.clip_grad_norm_ on parameters whose .grad are the case's arrays: the same gradients and the
+    same total norm, every named case and the random cases of seeds 0..9 (float32 within float32's rounding)."""
+    for case in all_cases("clip_grad_norm"):
+        grads, max_norm = case.args
+        clipped, total = expected_answer("clip_grad_norm", case)
+        parameters = [torch.zeros(g.shape, dtype=torch.from_numpy(g).dtype, requires_grad=True) for g in grads]
+        for parameter, g in zip(parameters, grads):
+            parameter.grad = torch.from_numpy(g.copy())
+        torch_total = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        rtol = 1e-6 if any(g.dtype == np.float32 for g in grads) else 1e-12
+        assert float(torch_total) == pytest.approx(float(total), rel=rtol, abs=1e-30), case.label
+        for parameter, ours in zip(parameters, clipped):
+            assert ours.dtype == parameter.grad.numpy().dtype, case.label
+            np.testing.assert_allclose(ours, parameter.grad.numpy(), rtol=rtol, atol=0, err_msg=case.label)
+
+
+def merged_by_tokenizers(ids, pair, new_id):
+    """The ids that the tokenizers library's BPE gives with the one merge `pair` (each id spelled by a letter)."""
+    from tokenizers import Tokenizer, models
+    letters = {token: chr(ord("a") + i) for i, token in enumerate(dict.fromkeys([*ids, *pair]))}
+    merged = letters[pair[0]] + letters[pair[1]]
+    vocab = {**{letter: i for i, letter in enumerate(letters.values())}, merged: len(letters)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[(letters[pair[0]], letters[pair[1]])]))
+    back = {letter: token for token, letter in letters.items()} | {merged: new_id}
+    return [back[t] for t in tokenizer.encode("".join(letters[i] for i in ids)).tokens]
+
+
+def test_the_reference_of_merge_pair_merges_as_the_tokenizers_library_does():
+    """The text says so: every named case and the random cases of seeds 0..9, overlapping pairs included."""
+    for case in all_cases("merge_pair"):
+        assert expected_answer("merge_pair", case) == merged_by_tokenizers(*case.args), case.label
+
+
+def test_the_training_loop_s_learning_rate_is_the_reference_s():
+    """mha.text.training.learning_rate is warmup_cosine with final = min_lr_ratio * lr: the runs' schedule, by
+    hand at four steps of the shipped character model's configuration (peak 3e-3, 100 warm-up steps of 1600)."""
+    from mha.text.training import TrainingConfig, learning_rate
+    config = TrainingConfig(lr=3e-3, warmup_steps=100, steps=1600, min_lr_ratio=0.1)
+    expected = {1: 3e-5, 100: 3e-3, 850: (3e-3 + 3e-4) / 2, 1600: 3e-4, 2000: 3e-4}
+    for step, rate in expected.items():
+        assert learning_rate(step, config) == pytest.approx(rate, rel=1e-12), step
+        assert mnp.warmup_cosine(step, peak=3e-3, warmup_steps=100, total_steps=1600, final=0.1 * 3e-3) == \
+            learning_rate(step, config)
 
 
 # Wrong solutions, as learners write them ------------------------------------------------------------------------
@@ -178,6 +226,78 @@ def bits_floor_ratio(mean_loss, n_tokens, n_characters):
     return mean_loss * (n_tokens // n_characters) / math.log(2)
 
 
+def merge_for_every_position(ids, pair, new_id):
+    return [new_id if tuple(ids[i:i + 2]) == tuple(pair) else ids[i] for i in range(len(ids))]
+
+
+def merge_over_the_pairs_only(ids, pair, new_id):
+    merged, i = [], 0
+    while i < len(ids) - 1:  # the last id is never looked at alone
+        if (ids[i], ids[i + 1]) == tuple(pair):
+            merged.append(new_id)
+            i += 2
+        else:
+            merged.append(ids[i])
+            i += 1
+    return merged
+
+
+def cosine_part(step, peak, warmup_steps, total_steps, final):
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return final + (peak - final) * (1 + math.cos(math.pi * progress)) / 2
+
+
+def rate_counted_from_zero(step, *, peak, warmup_steps, total_steps, final=0.0):
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    return cosine_part(step, peak, warmup_steps, total_steps, final)
+
+
+def rate_cosine_from_step_zero(step, *, peak, warmup_steps, total_steps, final=0.0):
+    if step <= warmup_steps and warmup_steps:
+        return peak * step / warmup_steps
+    return final + (peak - final) * (1 + math.cos(math.pi * min(1.0, step / total_steps))) / 2
+
+
+def rate_cosine_to_zero(step, *, peak, warmup_steps, total_steps, final=0.0):
+    if step <= warmup_steps and warmup_steps:
+        return peak * step / warmup_steps
+    return cosine_part(step, peak, warmup_steps, total_steps, 0.0)
+
+
+def rate_past_the_end(step, *, peak, warmup_steps, total_steps, final=0.0):
+    if step <= warmup_steps and warmup_steps:
+        return peak * step / warmup_steps
+    return final + (peak - final) * (1 + math.cos(math.pi * (step - warmup_steps) / (total_steps - warmup_steps))) / 2
+
+
+def rate_without_a_case_for_no_warmup(step, *, peak, warmup_steps, total_steps, final=0.0):
+    if step <= warmup_steps:
+        return peak * step / warmup_steps  # 0 / 0 when warmup_steps = 0
+    return cosine_part(step, peak, warmup_steps, total_steps, final)
+
+
+def clip_each_array(grads, max_norm):
+    clipped = [g * min(1.0, max_norm / (np.linalg.norm(g) + 1e-6)) for g in grads]
+    return clipped, float(np.sqrt(sum(np.sum(g * g) for g in grads)))
+
+
+def clip_always(grads, max_norm):
+    total = float(np.sqrt(sum(np.sum(g * g) for g in grads)))
+    return [g * (max_norm / (total + 1e-6)) for g in grads], total
+
+
+def clip_without_eps(grads, max_norm):
+    total = float(np.sqrt(sum(np.sum(g * g) for g in grads)))
+    return [g * min(1.0, max_norm / total) if total else g.copy() for g in grads], total
+
+
+def clip_reports_the_new_norm(grads, max_norm):
+    total = float(np.sqrt(sum(np.sum(g * g) for g in grads)))
+    clipped = [g * min(1.0, max_norm / (total + 1e-6)) for g in grads]
+    return clipped, float(np.sqrt(sum(np.sum(g * g) for g in clipped)))
+
+
 # (check, wrong solution, words of the hint it must get, the fixed named case it fails on)
 TRAPPED = [
     ("apply_temperature", temperature_times, "multiplying by T", "a batch (B, T, V)"),
@@ -198,6 +318,16 @@ TRAPPED = [
     ("loss_to_bits_per_character", bits_of_a_token, "the loss is per TOKEN", "BPE"),
     ("loss_to_bits_per_character", bits_upside_down, "not by n_tokens", "BPE"),
     ("loss_to_bits_per_character", bits_floor_ratio, "use true division", "BPE"),
+    ("merge_pair", merge_for_every_position, "skip the second id too", "one occurrence in the middle"),
+    ("merge_pair", merge_over_the_pairs_only, "keep the last id", "one occurrence in the middle"),
+    ("warmup_cosine", rate_counted_from_zero, "steps count from 1", "step 0"),
+    ("warmup_cosine", rate_cosine_from_step_zero, "the cosine begins where the warm-up ends", "half-way"),
+    ("warmup_cosine", rate_cosine_to_zero, "goes down to `final`", "half-way"),
+    ("warmup_cosine", rate_past_the_end, "stays at final", "3 steps beyond the end"),
+    ("clip_grad_norm", clip_each_array, "one norm for all the gradients together", "three arrays, each of norm 0.9"),
+    ("clip_grad_norm", clip_always, "clip only", "small gradients"),
+    ("clip_grad_norm", clip_without_eps, "add 1e-6 to the norm", "one (4, 3) array"),
+    ("clip_grad_norm", clip_reports_the_new_norm, "before clipping", "one (4, 3) array"),
 ]
 
 
@@ -214,6 +344,12 @@ def test_k_beyond_the_vocabulary_is_a_case_of_its_own():
     for message in failures_on_every_seed("top_k_filter", top_k_by_partition):
         assert "raised ValueError: kth(=-3) out of bounds (5)" in message
         assert "on the case 'k = 8, more than V = 5, keeps every token'" in message, message
+
+
+def test_no_warm_up_is_a_case_of_its_own():
+    """peak * step / warmup_steps divides 0 by 0 when there is no warm-up: the learner reads which case."""
+    for message in failures_on_every_seed("warmup_cosine", rate_without_a_case_for_no_warmup):
+        assert "raised ZeroDivisionError" in message and "on the case 'warmup_steps = 0, step 0" in message, message
 
 
 @pytest.mark.parametrize("name", CHAPTER_14)

@@ -258,6 +258,8 @@ def shared_memory(check, got, args, kwargs):
                 part = "the result" if len(answers) == 1 and check.returns is None else f"array {i} of the result"
                 return (f"{part} shares memory with the input {name}: the text asks for a new array (a copy), not "
                         f"a view of the input (slicing, np.split and reshape give views; .copy() makes a copy)")
+    inputs += [(f"{name}[{j}]", item) for name, value in list(inputs) if isinstance(value, (list, tuple))
+               for j, item in enumerate(value)]  # the arrays of a list given (clip_grad_norm's grads)
     return None
 
 

@@ -30,36 +30,53 @@ def softmax(x, axis=-1):
     return np.exp(x - (top + np.log(np.exp(x - top).sum(axis=axis, keepdims=True))))
 
 
-def self_attention(X, exclude_self=False):
-    T = X.shape[-2]
-    w = rows_softmax(X @ np.swapaxes(X, -1, -2) / math.sqrt(X.shape[-1]), ~np.eye(T, dtype=bool) | (not exclude_self))
+def self_attention(X, exclude_self=False):  # the route of the text: a loop over the queries
+    T, rows = X.shape[-2], []
+    for i in range(T):
+        scores = np.einsum("...d,...td->...t", X[..., i, :], X) / math.sqrt(X.shape[-1])  # (..., T)
+        rows.append(rows_softmax(scores, (np.arange(T) != i) | (not exclude_self)))
+    w = np.stack(rows, axis=-2)  # (..., T, T)
     return w @ X, w
 
 
-def symmetric_attention(X, W):
-    E = X @ W  # (..., T, d_embed)
-    w = rows_softmax(E @ np.swapaxes(E, -1, -2) / math.sqrt(W.shape[1]))
-    return w @ X, w
+def symmetric_attention(X, W):  # every product with np.einsum
+    E = np.einsum("...td,de->...te", X, W)  # (..., T, d_embed)
+    w = rows_softmax(np.einsum("...te,...se->...ts", E, E) / math.sqrt(W.shape[1]))
+    return np.einsum("...ts,...sd->...td", w, X), w
 
 
-def scaled_dot_product_attention(Q, K, V, mask=None):
-    w = rows_softmax(Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1]), True if mask is None else mask)
-    w = w.astype(np.result_type(Q, K, V))
+def scaled_dot_product_attention(Q, K, V, mask=None):  # a loop over the queries
+    T_q, T_k = Q.shape[-2], K.shape[-2]
+    batch = np.broadcast_shapes(Q.shape[:-2], K.shape[:-2], np.shape(mask)[:-2])
+    allowed = np.broadcast_to(True if mask is None else mask, (*batch, T_q, T_k))
+    rows = []
+    for t in range(T_q):
+        scores = np.einsum("...d,...sd->...s", Q[..., t, :], K) / math.sqrt(Q.shape[-1])  # (..., T_k)
+        rows.append(rows_softmax(np.broadcast_to(scores, allowed.shape[:-2] + (T_k,)), allowed[..., t, :]))
+    w = np.stack(rows, axis=-2).astype(np.result_type(Q, K, V))  # (..., T_q, T_k)
     return w @ V, w
 
 
-def head_attention(X, W_q, W_k, W_v=None, *, context=None, mask=None):
+def head_attention(X, W_q, W_k, W_v=None, *, context=None, mask=None):  # every product with np.einsum
     source = X if context is None else context
-    return scaled_dot_product_attention(X @ W_q, source @ W_k, source if W_v is None else source @ W_v, mask)
+    Q, K = np.einsum("...td,de->...te", X, W_q), np.einsum("...sd,de->...se", source, W_k)
+    V = source if W_v is None else np.einsum("...sd,dv->...sv", source, W_v)
+    w = rows_softmax(np.einsum("...te,...se->...ts", Q, K) / math.sqrt(W_q.shape[1]), True if mask is None else mask)
+    w = w.astype(np.result_type(Q, K, V))
+    return np.einsum("...ts,...sv->...tv", w, V), w
 
 
-def multihead_attention_loop(X, heads, W_o, *, context=None, mask=None):
+def multihead_attention_loop(X, heads, W_o, *, context=None, mask=None):  # never concatenate: a sum over heads
     source = X if context is None else context
     grid = (*np.broadcast_shapes(X.shape[:-2], source.shape[:-2]), len(heads), X.shape[-2], source.shape[-2])
     mask = None if mask is None else np.broadcast_to(mask, grid)
-    results = [head_attention(X, *head, context=context, mask=None if mask is None else mask[..., i, :, :])
-               for i, head in enumerate(heads)]
-    return np.concatenate([out for out, _ in results], axis=-1) @ W_o, np.stack([w for _, w in results], axis=-3)
+    out, start, weights = 0, 0, []
+    for i, head in enumerate(heads):
+        head_out, w = head_attention(X, *head, context=context, mask=None if mask is None else mask[..., i, :, :])
+        out = out + head_out @ W_o[start:start + head_out.shape[-1]]  # its own slice of W_o
+        start += head_out.shape[-1]
+        weights.append(w)
+    return out, np.stack(weights, axis=-3)
 
 
 def split_heads(X, n_heads):
@@ -67,15 +84,19 @@ def split_heads(X, n_heads):
 
 
 def merge_heads(X):
-    return np.concatenate(list(np.moveaxis(X, -3, 0)), axis=-1)
+    return np.concatenate([X[..., i, :, :] for i in range(X.shape[-3])], axis=-1)
 
 
 def causal_mask(T):
     return np.arange(T) <= np.arange(T)[:, None]
 
 
-def padding_mask(lengths, T):
-    return (np.arange(T) < np.asarray(lengths)[:, None])[:, None, None, :]
+def padding_mask(lengths, T):  # a loop over the sentences
+    lengths = np.asarray(lengths)
+    mask = np.zeros((len(lengths), 1, 1, T), dtype=bool)  # (B, 1, 1, T): everything blocked
+    for b, n in enumerate(lengths):
+        mask[b, ..., :n] = True
+    return mask
 
 
 def multihead_attention(X, W_q, W_k, W_v, W_o, n_heads, *, context=None, mask=None, b_q=None, b_k=None, b_v=None,

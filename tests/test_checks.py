@@ -84,10 +84,12 @@ def test_check_passes_a_right_solution_quietly(name, capsys):
 
 
 def test_a_copy_of_the_librarys_code_passes_unless_it_calls_what_the_exercise_forbids(capsys):
-    """The library's softmax uses nothing of mha: a copy passes. Its head_attention calls its
-    scaled_dot_product_attention, which the exercise forbids: a copy is refused, and the message names it."""
-    checks.check_softmax(own_copy("softmax"))
-    assert capsys.readouterr().out.startswith("check_softmax: all ")
+    """The library's kv_cache_bytes calls nothing its exercise forbids, which asks for no route of its own: a copy
+    passes. Its softmax divides by the sum where the exercise goes through logarithms: a copy breaks that route
+    (tests/test_checks_routes_syntax.py). Its head_attention calls its scaled_dot_product_attention, which the
+    exercise forbids: a copy is refused, and the message names it."""
+    checks.check_kv_cache_bytes(own_copy("kv_cache_bytes"))
+    assert capsys.readouterr().out.startswith("check_kv_cache_bytes: all ")
     with pytest.raises(checks.CheckFailed) as info:
         checks.check_head_attention(own_copy("head_attention"))
     assert str(info.value).startswith("head_attention calls mha's own scaled_dot_product_attention, which does this "

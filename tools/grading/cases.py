@@ -6,7 +6,9 @@ inputs and returns the student's outputs as plain data (grading/wire.py); a func
 given as an input (chapter 11's language model) crosses as its table of logits and is
 rebuilt on the other side. A reply is judged exactly as the notebook's check judges an
 answer (`registry.problem_with`): type, dtype and shape, values, inputs unchanged, and
-the peak memory of a case that bounds it, here measured by the grader from outside.
+the peak memory of a case that bounds it, here measured by the grader from outside. Once every case is
+answered right, the route the exercise asks for is read from the student's cells in this process
+(grading/syntax_rules.py), as the notebook's check reads it from the function.
 """
 
 import numpy as np
@@ -17,6 +19,7 @@ from mha.checks.common import ToyLanguageModel
 from mha.checks.compare import describe_case
 from tools.grading import wire
 from tools.grading.sandbox import LimitReached
+from tools.grading.syntax_rules import broken_rule_in
 
 
 def registered(check_name):
@@ -134,4 +137,7 @@ def judge(session, worker, manifest_check, seed):
                 return problem
     except LimitReached as limit:
         return "failed", str(limit)
+    broken = broken_rule_in(session.notebook.cells, check, function)  # read here, from the notebook: never the worker
+    if broken:
+        return "failed", f"{broken}\n{registry.seed_line(check.name, function, seed)}"
     return "passed", f"check_{check.name}: all {len(named)} cases passed."

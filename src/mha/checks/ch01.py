@@ -9,6 +9,7 @@ from mha.checks.common import naive_softmax
 from mha.checks.inputs import batch, normal, scores_far_apart, sizes
 from mha.checks.reference import NUMPY as mn
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
+from mha.checks.rules import SOFTMAX_RULES, SELF_ATTENTION_RULES
 from mha.checks.routes import SELF_ATTENTION_FORBIDS, SOFTMAX_FORBIDS
 
 
@@ -24,7 +25,7 @@ def large_logits(r):
 
 
 @cases_for("softmax", may_use="NumPy only (no library softmax: not mnp.softmax, mnp.masked_softmax or "
-                              "mnp.log_softmax)", forbids=SOFTMAX_FORBIDS)
+                              "mnp.log_softmax)", forbids=SOFTMAX_FORBIDS, rules=SOFTMAX_RULES)
 def softmax_cases(r):
     """A vector, rows, other axes, every negative axis of a 4-D array, and logits so large that exp
     overflows (above 709), in rows, then in columns, thousands apart; in float32, above 88."""
@@ -124,7 +125,7 @@ check_softmax = make_check("softmax")
 
 
 @cases_for("self_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy, mnp.softmax and mnp.masked_softmax",
-           forbids=SELF_ATTENTION_FORBIDS)
+           forbids=SELF_ATTENTION_FORBIDS, rules=SELF_ATTENTION_RULES)
 def self_attention_cases(r):
     """With and without a batch, with exclude_self, one token that may attend to nothing, and scores
     above 2000 in one row and near 0 in another."""

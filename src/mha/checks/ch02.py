@@ -8,12 +8,13 @@ import numpy as np
 from mha.checks.common import naive_softmax
 from mha.checks.inputs import batch, different_sizes, normal, scores_far_apart, sizes, weights
 from mha.checks.reference import NUMPY as mn
+from mha.checks.rules import SYMMETRIC_ATTENTION_RULES
 from mha.checks.routes import SYMMETRIC_ATTENTION_FORBIDS
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
 
 
 @cases_for("symmetric_attention", returns=OUT_AND_WEIGHTS, may_use="np.einsum and mnp.softmax",
-           forbids=SYMMETRIC_ATTENTION_FORBIDS)
+           forbids=SYMMETRIC_ATTENTION_FORBIDS, rules=SYMMETRIC_ATTENTION_RULES)
 def symmetric_attention_cases(r):
     """W narrower and wider than the inputs, with and without a batch, T = 1, and scores above 2000 in one
     row and near 0 in another (W twice the identity, then wider: scores (XW)(XW)^T / sqrt(d_embed))."""

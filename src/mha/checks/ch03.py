@@ -9,6 +9,7 @@ from mha.checks.common import head_with_own_softmax, sdpa_with_own_softmax
 from mha.checks.inputs import (a_masked_row, batch, causal, different_sizes, far_apart, key_only_mask, normal,
                                sizes, weights, with_an_empty_row)
 from mha.checks.reference import NUMPY as mn
+from mha.checks.rules import SDPA_RULES, HEAD_ATTENTION_RULES
 from mha.checks.routes import HEAD_ATTENTION_FORBIDS, ONLY_SELF_ATTENTION, SDPA_FORBIDS  # noqa: F401
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
 
@@ -16,7 +17,7 @@ from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mi
 
 
 @cases_for("scaled_dot_product_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy and mnp.masked_softmax",
-           forbids=SDPA_FORBIDS)
+           forbids=SDPA_FORBIDS, rules=SDPA_RULES)
 def sdpa_cases(r):
     """No mask, a query with nothing to attend to, batch and heads with a causal mask, T = 1, a mask of
     keys (B, 1, T_k) for 4 queries, a mask with batch and head axes, and scores above 1000 in one query's
@@ -127,7 +128,7 @@ check_scaled_dot_product_attention = make_check("scaled_dot_product_attention")
 
 
 @cases_for("head_attention", returns=OUT_AND_WEIGHTS, may_use="NumPy (np.einsum) and mnp.masked_softmax",
-           forbids=HEAD_ATTENTION_FORBIDS)
+           forbids=HEAD_ATTENTION_FORBIDS, rules=HEAD_ATTENTION_RULES)
 def head_attention_cases(r):
     """Without and with W_v, a batch with a masked row, cross-attention to a context, a mask of keys
     (B, 1, T_k) for 4 queries, and scores above 1000 in one query's row and near 0 in the others'

@@ -6,12 +6,13 @@ import numpy as np
 from mha.checks.common import head_with_own_softmax
 from mha.checks.inputs import causal, different_sizes, far_apart, normal, sizes, weights, with_an_empty_row
 from mha.checks.reference import NUMPY as mn
+from mha.checks.rules import LOOP_RULES
 from mha.checks.routes import LOOP_ROUTES
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
 
 
 @cases_for("multihead_attention_loop", returns=OUT_AND_WEIGHTS, may_use="NumPy and mnp.head_attention",
-           forbids=LOOP_ROUTES)
+           forbids=LOOP_ROUTES, rules=LOOP_RULES)
 def loop_cases(r):
     """Narrow heads, wide heads on a batch with a causal mask, one head, a padding mask with a batch axis
     (B, 1, 1, T_k) for 3 sequences and 2 heads, and scores above 1000 in one query's row and near 0 in the

@@ -11,6 +11,7 @@ from mha.checks.common import (multihead_softmax_global_max, multihead_softmax_w
 from mha.checks.inputs import (a_masked_row, attention_params, batch, cast, causal, far_apart, normal, padding,
                                sizes, with_an_empty_row)
 from mha.checks.reference import NUMPY as mn
+from mha.checks.rules import HEADS_RULES, CAUSAL_MASK_RULES, PADDING_MASK_RULES
 from mha.checks.routes import (CAUSAL_MASK_FORBIDS, MERGE_HEADS_FORBIDS, MULTIHEAD_ROUTES, PADDING_MASK_FORBIDS,
                                SPLIT_HEADS_FORBIDS)
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
@@ -18,7 +19,7 @@ from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mi
 # split and merge heads ----------------------------------------------------------------
 
 
-@cases_for("split_heads", may_use="NumPy slicing and np.stack", forbids=SPLIT_HEADS_FORBIDS)
+@cases_for("split_heads", may_use="NumPy slicing and np.stack", forbids=SPLIT_HEADS_FORBIDS, rules=HEADS_RULES)
 def split_heads_cases(r):
     """With and without a batch, h = 1 and d_head = 1."""
     return [
@@ -57,7 +58,7 @@ def split_interleaved(X, n_heads):
 check_split_heads = make_check("split_heads")
 
 
-@cases_for("merge_heads", may_use="NumPy slicing and np.concatenate", forbids=MERGE_HEADS_FORBIDS)
+@cases_for("merge_heads", may_use="NumPy slicing and np.concatenate", forbids=MERGE_HEADS_FORBIDS, rules=HEADS_RULES)
 def merge_heads_cases(r):
     """Heads with and without a batch, and h = 1."""
     return [
@@ -90,7 +91,7 @@ check_merge_heads = make_check("merge_heads")
 
 
 @cases_for("causal_mask", may_use="NumPy: compare positions, without np.tril or np.triu",
-           forbids=CAUSAL_MASK_FORBIDS)
+           forbids=CAUSAL_MASK_FORBIDS, rules=CAUSAL_MASK_RULES)
 def causal_mask_cases(r):
     """One token and two longer sequences."""
     return [Case("T = 1", (1,)), Case("T = 4", (4,)), Case("T = 7", (7,))]
@@ -122,7 +123,7 @@ def causal_one_ahead(T):
 check_causal_mask = make_check("causal_mask")
 
 
-@cases_for("padding_mask", forbids=PADDING_MASK_FORBIDS)
+@cases_for("padding_mask", forbids=PADDING_MASK_FORBIDS, rules=PADDING_MASK_RULES)
 def padding_mask_cases(r):
     """Three lengths, one of them 0, a single sequence, and lengths in a Python list, as the chapter
     passes them (mnp.padding_mask([5, 3, 1], 5))."""

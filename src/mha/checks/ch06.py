@@ -9,13 +9,15 @@ from mha.checks.common import multihead_softmax_global_max, multihead_softmax_wi
 from mha.checks.inputs import (attention_params, batch, cast, causal, normal, padding, scores_far_apart, sizes,
                                weights)
 from mha.checks.reference import NUMPY as mn
+from mha.checks.rules import LAYER_NORM_RULES
 from mha.checks.routes import ENCODER_BLOCK_FORBIDS, FEED_FORWARD_FORBIDS, LAYER_NORM_FORBIDS, LAYERS  # noqa: F401
 from mha.checks.registry import OUT_AND_WEIGHTS, Case, cases_for, make_check, mistake, random_cases_for
 
 # layer norm ---------------------------------------------------------------------------
 
 
-@cases_for("layer_norm", may_use="NumPy sums (no np.mean, np.var or np.std)", forbids=LAYER_NORM_FORBIDS)
+@cases_for("layer_norm", may_use="NumPy sums (no np.mean, np.var or np.std)", forbids=LAYER_NORM_FORBIDS,
+           rules=LAYER_NORM_RULES)
 def layer_norm_cases(r):
     """A batch, one vector, a large eps, and vectors of mean 1e4 with a spread of 0.01 (where the variance
     as mean(x^2) - mean^2 loses its digits); the inputs are far from mean 0 and variance 1."""

@@ -5,6 +5,7 @@ import numpy as np
 
 from mha.checks.inputs import batch, normal, sizes
 from mha.checks.reference import NUMPY as mn
+from mha.checks.rules import ATTENTION_AT_OFFSET_RULES
 from mha.checks.routes import ATTENTION_AT_OFFSET_FORBIDS
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
@@ -15,7 +16,7 @@ def attention_rows(r, shape, dtype=np.float64):
 
 
 @cases_for("attention_at_offset", may_use="NumPy and a loop over the queries (not np.diagonal)",
-           forbids=ATTENTION_AT_OFFSET_FORBIDS)
+           forbids=ATTENTION_AT_OFFSET_FORBIDS, rules=ATTENTION_AT_OFFSET_RULES)
 def attention_at_offset_cases(r):
     """Offsets back, forward and 0, on one head, heads and a batch of heads, and T_k > T_q."""
 

@@ -7,6 +7,7 @@ import numpy as np
 
 from mha.checks.inputs import batch, causal, different_sizes, far_apart, normal, sizes, with_an_empty_row
 from mha.checks.reference import NUMPY as mn
+from mha.checks.rules import CHUNKED_ATTENTION_RULES
 from mha.checks.routes import CHUNKED_ATTENTION_FORBIDS
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
@@ -30,7 +31,7 @@ def long_sequence(r):
 
 
 @cases_for("chunked_attention", may_use="NumPy, nothing from mha",  # returns out only: no weights
-           forbids=CHUNKED_ATTENTION_FORBIDS)
+           forbids=CHUNKED_ATTENTION_FORBIDS, rules=CHUNKED_ATTENTION_RULES)
 def chunked_attention_cases(r):
     """Chunks that do and do not divide T, a mask of keys, masked rows and chunks, scores far from 0 and far
     apart, and a long sequence in bounded memory."""

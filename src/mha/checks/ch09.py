@@ -7,6 +7,7 @@ from mha.checks.common import multihead_softmax_global_max, multihead_softmax_wi
 from mha.checks.inputs import (attention_params, batch, cast, normal, padding, scores_far_apart, sizes, weights,
                                with_an_empty_row)
 from mha.checks.reference import NUMPY as mn
+from mha.checks.rules import DECODER_BLOCK_RULES
 from mha.checks.routes import DECODER_BLOCK_FORBIDS
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
@@ -26,7 +27,7 @@ def decoder_block_params(r, d, d_ff, bias=True):
 @cases_for("decoder_block", returns=("out", ("self_weights", "cross_weights")),
            may_use="NumPy, mnp.multihead_attention, mnp.layer_norm and mnp.feed_forward (not mnp.causal_mask: "
                    "build the causal pattern yourself)",
-           forbids=DECODER_BLOCK_FORBIDS, packages=("scipy",))  # feed_forward's GELU: erf
+           forbids=DECODER_BLOCK_FORBIDS, packages=("scipy",), rules=DECODER_BLOCK_RULES)  # feed_forward's GELU: erf
 def decoder_block_cases(r):
     """Post-norm and pre-norm, causal masks given both ways, padding, a source with no real token, and
     self-attention scores above 709 in one row of a sequence and near 0 (2800 below) in another."""

@@ -5,6 +5,7 @@ import numpy as np
 
 from mha.checks.inputs import sizes
 from mha.checks.reference import NUMPY as mn
+from mha.checks.rules import SINUSOIDAL_RULES, ALIBI_BIAS_RULES
 from mha.checks.routes import ALIBI_BIAS_FORBIDS, SINUSOID_ROUTES
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
@@ -12,7 +13,7 @@ from mha.checks.registry import Case, cases_for, make_check, mistake, random_cas
 
 
 
-@cases_for("sinusoidal_positions", may_use="NumPy (np.sin, np.cos, np.arange)", forbids=SINUSOID_ROUTES,
+@cases_for("sinusoidal_positions", may_use="NumPy (np.sin, np.cos, np.arange)", forbids=SINUSOID_ROUTES, rules=SINUSOIDAL_RULES,
            float32_promised=True)  # "return the table as `dtype`"
 def sinusoidal_positions_cases(r):
     """A small table, positions after an offset, another base, one pair (d_model = 2), and float32 at positions
@@ -99,7 +100,7 @@ check_sinusoidal_positions = make_check("sinusoidal_positions")
 
 
 @cases_for("alibi_bias", may_use="NumPy (np.arange, np.abs, broadcasting)",
-           forbids=ALIBI_BIAS_FORBIDS)
+           forbids=ALIBI_BIAS_FORBIDS, rules=ALIBI_BIAS_RULES)
 def alibi_bias_cases(r):
     """Square scores with 2 heads, one new query after 4 positions (a cache step), 3 queries after 3
     positions, one head whose slope is a Python list (as the chapter writes it), and 8 heads with Press et

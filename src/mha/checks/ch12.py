@@ -6,6 +6,7 @@ import numpy as np
 from mha.checks.common import naive_softmax
 from mha.checks.inputs import batch, normal, sizes, with_an_empty_row
 from mha.checks.reference import NUMPY as mn
+from mha.checks.rules import REPEAT_KV_RULES, APPLY_ROTARY_RULES, ATTEND_WITH_CACHE_RULES
 from mha.checks.routes import APPLY_ROTARY_FORBIDS, CACHE_ROUTES, GROUPED_ROUTES, KV_CACHE_BYTES_FORBIDS
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 
@@ -13,7 +14,8 @@ from mha.checks.registry import Case, cases_for, make_check, mistake, random_cas
 
 
 
-@cases_for("repeat_kv", may_use="NumPy (np.repeat, or np.broadcast_to and a reshape)", forbids=GROUPED_ROUTES)
+@cases_for("repeat_kv", may_use="NumPy (np.repeat, or np.broadcast_to and a reshape)", forbids=GROUPED_ROUTES,
+           rules=REPEAT_KV_RULES)
 def repeat_kv_cases(r):
     """Groups where tiling and repeating differ, n_rep = 1, and multi-query (h_kv = 1)."""
     return [
@@ -58,7 +60,7 @@ check_repeat_kv = make_check("repeat_kv")
 
 
 @cases_for("apply_rotary", may_use="NumPy (the two halves of the last axis), without mnp.rotate_half",
-           forbids=APPLY_ROTARY_FORBIDS,  # the text says "without rotate_half"
+           forbids=APPLY_ROTARY_FORBIDS, rules=APPLY_ROTARY_RULES,  # the text says "without rotate_half"
            float32_promised=True)  # "float32 stays float32"
 def apply_rotary_cases(r):
     """Heads of a batch (float32, with float64 tables: float32 stays float32), positions after an offset,
@@ -138,7 +140,7 @@ def scores_far_apart_in_the_cache(q, k, past_keys):
 @cases_for("attend_with_cache", returns=("out", "weights", "keys", "values"),
            may_use="NumPy, mnp.repeat_kv, mnp.rotary_embedding, mnp.apply_rotary and "
                    "mnp.scaled_dot_product_attention (not mnp.causal_mask_after: the offset is the exercise)",
-           forbids=CACHE_ROUTES, float32_promised=True)  # "float32 for float32 inputs"
+           forbids=CACHE_ROUTES, float32_promised=True, rules=ATTEND_WITH_CACHE_RULES)  # "float32 for float32 inputs"
 def attend_with_cache_cases(r):
     """An empty cache, one and several new tokens after a cache, causal with and without a mask, RoPE on
     and off, grouped heads (h = 4 over h_kv = 2) and multi-query (h_kv = 1), a mask of keys with a batch

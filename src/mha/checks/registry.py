@@ -19,7 +19,8 @@ function exactly as `mha.numpy.<name>` is called, first on the named cases, then
 random ones, both drawn from the run's seed, fresh on each call (`seed=` repeats a draw:
 the named cases keep their labels and traps, their values come from the seed), and raises
 `CheckFailed` at the first wrong answer, with the hint of the first catalogued mistake that
-gives the same answer, and the seed. It compares with the reference kept in
+gives the same answer, and the seed; once every answer is right, a function that leaves the route its exercise
+asks for (`rules`, mha.checks.syntax) fails too. It compares with the reference kept in
 `mha.checks.reference`, and refuses a solution that calls the very function it should
 replace, or any library function that does the exercise's work (`forbids`,
 `mha.checks.routes`), while it runs (`mha.checks.own_work`).
@@ -40,6 +41,7 @@ from mha.checks.compare import changed_arguments, compare_result, describe_case,
 from mha.checks.inputs import named_generator
 from mha.checks.own_work import Refusing
 from mha.checks.reference import reference, untouched_library
+from mha.checks.syntax import broken_rule_of
 
 OUT_AND_WEIGHTS = ("out", "weights")  # the structure of a result `(out, weights)`
 
@@ -101,6 +103,9 @@ class Check:
     # Whether the text promises a new array or copies ("return a new array", "as a copy"): the notebook's check
     # refuses an answer whose arrays share memory with the inputs (the grader cannot see memory across processes).
     fresh: bool = False
+    # The route the exercise's text asks for, as rules on the learner's code (mha.checks.syntax.Rule): the notebook's
+    # check and the grader both fail a function (or a learner's helper) that breaks one, once its answers are right.
+    rules: tuple = ()
 
     def absent(self):
         """The library names that the student edition switches off for this exercise, sorted."""
@@ -118,15 +123,16 @@ class Check:
 CHECKS = {}
 
 
-def cases_for(name, returns=None, may_use="NumPy", forbids=(), packages=(), float32_promised=False, fresh=False):
+def cases_for(name, returns=None, may_use="NumPy", forbids=(), packages=(), float32_promised=False, fresh=False,
+              rules=()):
     """Register the function that makes the named cases of `check_<name>` from a NumPy Generator; `returns`,
-    `may_use`, `forbids`, `packages`, `float32_promised` and `fresh` as in `Check`."""
+    `may_use`, `forbids`, `packages`, `float32_promised`, `fresh` and `rules` as in `Check`."""
     def register(make_cases):
         earlier = CHECKS.get(name)
         if earlier is not None and earlier.make_cases.__module__ != make_cases.__module__:
             raise ValueError(f"the cases of {name} are already registered in {earlier.make_cases.__module__}")
         CHECKS[name] = Check(name, make_cases, returns, may_use, forbids=tuple(forbids), packages=tuple(packages),
-                             float32_promised=float32_promised, fresh=fresh)
+                             float32_promised=float32_promised, fresh=fresh, rules=tuple(rules))
         return make_cases
     return register
 
@@ -338,6 +344,9 @@ def run_check(name, fn, seed=None):
             raise CheckFailed(failure_message(check, case, got, problem, fn, seed))
         said = shared is None and got is not RAISED_AS_REQUIRED and shared_memory(check, got, args, kwargs)
         shared = (case, got, said) if said else shared  # said once every answer is right: the values come first
+    broken = broken_rule_of(name, check.rules, fn)  # the route, once the answers are right: their hints come first
+    if broken:
+        raise CheckFailed(f"{broken}\n{seed_line(name, fn, seed)}")
     if shared:
         raise CheckFailed(failure_message(check, *shared, fn, seed))
     print(f"check_{name}: all {len(named)} cases passed.")  # the named ones; the random ones come on top

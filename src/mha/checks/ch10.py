@@ -13,7 +13,8 @@ from mha.checks.registry import Case, cases_for, make_check, mistake, random_cas
 
 
 
-@cases_for("sinusoidal_positions", may_use="NumPy (np.sin, np.cos, np.arange)", forbids=SINUSOID_ROUTES, rules=SINUSOIDAL_RULES,
+@cases_for("sinusoidal_positions", may_use="NumPy (np.sin, np.cos, np.arange)", forbids=SINUSOID_ROUTES,
+           rules=SINUSOIDAL_RULES,
            float32_promised=True)  # "return the table as `dtype`"
 def sinusoidal_positions_cases(r):
     """A small table, positions after an offset, another base, one pair (d_model = 2), and float32 at positions

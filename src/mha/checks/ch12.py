@@ -14,7 +14,7 @@ from mha.checks.registry import Case, cases_for, make_check, mistake, random_cas
 
 
 
-@cases_for("repeat_kv", may_use="NumPy (np.repeat, or np.broadcast_to and a reshape)", forbids=GROUPED_ROUTES,
+@cases_for("repeat_kv", may_use="NumPy (np.repeat)", forbids=GROUPED_ROUTES,
            rules=REPEAT_KV_RULES)
 def repeat_kv_cases(r):
     """Groups where tiling and repeating differ, n_rep = 1, and multi-query (h_kv = 1)."""

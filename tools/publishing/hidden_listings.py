@@ -212,7 +212,7 @@ def cut(numbers, lines, listing):
 
 def shown_lines(listing):
     """(file relative to the repository, the line numbers that `listing` shows), as Sphinx's literalinclude
-    picks them: the object (`:pyobject:`) or the whole file, then `:lines:`, then the start and end options."""
+    picks them: the object (`:pyobject:`) or the whole file, then the start and end options, then `:lines:`."""
     from tools.publishing.listings import listed_node
     lines = listing.file.read_text().splitlines()
     node = listed_node(listing)
@@ -221,9 +221,10 @@ def shown_lines(listing):
     else:
         first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         numbers = list(range(first, node.end_lineno + 1))
+    numbers = cut(numbers, lines, listing)
     if option(listing, "lines"):
         numbers = selected_lines(numbers, option(listing, "lines"))
-    return listing.file.resolve().relative_to(ROOT).as_posix(), set(cut(numbers, lines, listing))
+    return listing.file.resolve().relative_to(ROOT).as_posix(), set(numbers)
 
 
 def shown_answers(listing):

@@ -169,10 +169,20 @@ def stub(notebook, function):
                 and f"def {function}(" in c.source)
 
 
-def own_self_attention(calls_softmax):
-    code = "import math\n\n" + inspect.getsource(solutions_ch01_06.rows_softmax) + "\n\n" + \
-        inspect.getsource(solutions_ch01_06.self_attention)
-    return code.replace("w = rows_softmax(", "w = softmax(") if calls_softmax else code
+ATTENTION_THROUGH_SOFTMAX = """import math
+
+def self_attention(X, exclude_self=False):
+    T = X.shape[-2]
+    scores = X @ np.swapaxes(X, -1, -2) / math.sqrt(X.shape[-1])  # (..., T, T)
+    w = softmax(np.where(np.eye(T, dtype=bool) & exclude_self, -np.inf, scores), axis=-1)
+    return w @ X, w
+"""
+
+
+def own_self_attention():
+    """The from-scratch self_attention of tests/solutions_ch01_06.py, with its helper."""
+    return "import math\n\n" + "\n\n".join(inspect.getsource(f) for f in (
+        solutions_ch01_06.rows_softmax, solutions_ch01_06.self_attention))
 
 
 @pytest.fixture(scope="module")
@@ -181,9 +191,9 @@ def graded(tmp_path_factory):
     handout, folder = shared_handout(tmp_path_factory), tmp_path_factory.mktemp("copies")
     pasted, scratch = (student_notebook(handout, CHAPTER_1) for _ in range(2))
     stub(pasted, "softmax").source = library_source(mn.softmax)
-    stub(pasted, "self_attention").source = own_self_attention(calls_softmax=True)
+    stub(pasted, "self_attention").source = ATTENTION_THROUGH_SOFTMAX
     stub(scratch, "softmax").source = inspect.getsource(solutions_ch01_06.softmax)
-    stub(scratch, "self_attention").source = own_self_attention(calls_softmax=False)
+    stub(scratch, "self_attention").source = own_self_attention()
     for name, notebook in (("pasted", pasted), ("scratch", scratch)):
         nbformat.write(notebook, folder / f"{name}.ipynb")
     out = io.StringIO()

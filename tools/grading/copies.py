@@ -33,6 +33,7 @@ algebraic rewrites, code from anywhere but the library and the chapter.
 """
 
 import ast
+import contextlib
 import copy
 import difflib
 import functools
@@ -275,10 +276,9 @@ def learner_definitions(cells):
     return {name: node for name, node in defined.items() if node is not None}
 
 
-def learner_functions(cells, name):
+def learner_functions(defined, name):
     """[(name, node)]: the definition of `name` in force, then the learner's functions it calls, however
-    deep ([] when the notebook defines no `name`)."""
-    defined = learner_definitions(cells)
+    deep ([] when the notebook defines no `name`); `defined`: learner_definitions of the notebook."""
     todo, found = [name] if name in defined else [], {}
     while todo:
         current = todo.pop(0)
@@ -308,13 +308,14 @@ def described(similar, candidate, shape):
     return f"{whose}{short}: {candidate.label}"
 
 
-def copies_of(cells, name, chapter=None):
+def copies_of(cells, name, chapter=None, defined=None):
     """What the `copy` column says of the function `name` of a notebook whose code cells are `cells`
     (strings), against the library and the listings of `chapter` (the grader's own copy of the chapter's
-    notebook, a path): "" when nothing matched, else "; "-separated findings, the function's own first."""
+    notebook, a path): "" when nothing matched, else "; "-separated findings, the function's own first.
+    `defined`: learner_definitions(cells), when already read."""
     known = candidates(name, chapter)
     said = []
-    for own, node in learner_functions(cells, name):
+    for own, node in learner_functions(learner_definitions(cells) if defined is None else defined, name):
         shape = Shape.of(node)
         match = best_match(shape, known)
         if match:
@@ -326,11 +327,21 @@ def copy_column(cells, functions, notebook):
     """{function: what the `copy` column says} for the graded `functions` of a submission whose code cells
     are `cells`, against the chapter `notebook` as the manifest names it (`book/05_....ipynb`), read from
     the grader's own repository. It never stops the grading: a failure is said in the column."""
-    chapter = ROOT / notebook
-    found = {}
+    chapter = ROOT / notebook if (ROOT / notebook).is_file() else None
+    found, defined = {}, None
     for name in dict.fromkeys(functions):
         try:
-            found[name] = copies_of(cells, name, chapter if chapter.is_file() else None)
+            defined = learner_definitions(cells) if defined is None else defined
+            found[name] = copies_of(cells, name, chapter, defined)
         except Exception as error:  # noqa: BLE001 - the grade stands whatever the comparison meets
             found[name] = f"not compared ({type(error).__name__}: {error})"
     return found
+
+
+def warm_up(chapter):
+    """Read the library's and the listings' functions for the checks of `chapter` (a manifest's chapter) now,
+    so that the processes that grade its notebooks, forked after, find them read."""
+    for exercise in chapter["exercises"]:
+        for check in exercise["checks"]:
+            with contextlib.suppress(Exception):  # copy_column says it, notebook by notebook
+                candidates(check["function"], ROOT / chapter["notebook"])

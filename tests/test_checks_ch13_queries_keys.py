@@ -200,6 +200,20 @@ def test_a_library_route_is_right_but_refused_in_the_notebook_and_fails_in_the_s
             assert "this is the exercise" in message, message
 
 
+def ntk_by_the_librarys_base(d_head, base, factor, seq_len, original_max):
+    from mha import rope_scaling
+    scaling = {"factor": factor, "max_position_embeddings": original_max}
+    return rope_scaling.dynamic_ntk_base(scaling, d_head, base, seq_len) ** (-np.arange(0, d_head, 2) / d_head)
+
+
+def test_the_base_of_mha_rope_scaling_is_right_but_breaks_the_rule_of_the_text():
+    """mha.rope_scaling is no face, which `forbids` could refuse: the exercise's rule does, on the learner's code."""
+    for case in CHECKS["ntk_frequencies"].named_cases(0):
+        assert compare_result(expected_answer("ntk_frequencies", case), case.call(ntk_by_the_librarys_base), None) is None
+    for message in failures_on_every_seed("ntk_frequencies", ntk_by_the_librarys_base, seeds=SEEDS[:2]):
+        assert "not with mha.rope_scaling" in message and "uses `dynamic_ntk_base`" in message, message
+
+
 def test_the_reference_refuses_a_weight_over_all_heads_with_a_message_that_says_where_it_belongs():
     with pytest.raises(ValueError, match=r"shape \(4,\).*rms_norm before the split"):
         mnp.rms_norm_per_head(np.ones((3, 8)), np.ones(8), 2)

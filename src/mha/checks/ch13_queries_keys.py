@@ -7,6 +7,7 @@ import numpy as np
 from mha.checks.inputs import batch, normal, sizes
 from mha.checks.routes import NTK_FORBIDS, QK_NORM_FORBIDS
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
+from mha.checks.syntax import Rule
 
 # rms_norm_per_head: QK-norm, each head's query normalised on its own ---------------------------------------
 
@@ -138,7 +139,12 @@ check_rms_norm_per_head = make_check("rms_norm_per_head")
 # ntk_frequencies: dynamic NTK-aware RoPE scaling ------------------------------------------------------------
 
 
-@cases_for("ntk_frequencies", may_use="NumPy (not mnp.rotary_frequencies)", forbids=NTK_FORBIDS)
+# mha.rope_scaling is no face of mha, so `forbids` cannot refuse it; its dynamic_ntk_base is the exercise's core.
+NTK_RULES = (Rule("compute the new base yourself, with NumPy: not with mha.rope_scaling (the library's RoPE scaling)",
+                  forbids=("rope_scaling", "dynamic_ntk_base")),)
+
+
+@cases_for("ntk_frequencies", may_use="NumPy (not mnp.rotary_frequencies)", forbids=NTK_FORBIDS, rules=NTK_RULES)
 def ntk_frequencies_cases(r):
     """A sequence shorter than the trained one and one as long (RoPE's own frequencies), r = 4 with factor 1,
     factor 2 (r = 5), d_head = 4 (the exponent is 2), and Llama 3's head at 8 times its length."""

@@ -216,9 +216,24 @@ def functions_in(node, prefix=""):
     return []
 
 
+def shown_line_numbers(listing):
+    """The line numbers of its file that `listing` shows (`:start-at:`, `:lines:` ... applied), or None
+    when they cannot be told (then all of the object or file counts as shown)."""
+    from tools.publishing.hidden_listings import shown_lines
+    try:
+        return shown_lines(listing)[1]
+    except Exception:  # noqa: BLE001 - an option this reading does not know: the whole object
+        return None
+
+
+def is_shown(function, numbers):
+    return numbers is None or bool(numbers & set(range(function.lineno, function.end_lineno + 1)))
+
+
 @functools.lru_cache(maxsize=None)
 def listed_candidates(chapter):
-    """Every function and method that the chapter at `chapter` (a path) shows with `{literalinclude}`."""
+    """Every function and method that the chapter at `chapter` (a path) shows with `{literalinclude}`,
+    in part or whole (a listing of part of a file, `:start-at:` or `:lines:`, shows the functions it cuts into)."""
     from tools.publishing.listings import listed_node, listings
     found = {}
     for listing in listings(nbformat.read(chapter, as_version=4)):
@@ -226,8 +241,10 @@ def listed_candidates(chapter):
             node = listed_node(listing)
         except (LookupError, SyntaxError):
             continue
-        prefix = listing.pyobject.rpartition(".")[0]
+        prefix, numbers = listing.pyobject.rpartition(".")[0], shown_line_numbers(listing)
         for qualified, function in functions_in(node, prefix + "." if prefix else ""):
+            if not is_shown(function, numbers):
+                continue
             module = module_of(listing.path)
             label = f"{module}.{qualified}" if module.startswith("mha") else f"{module}: {qualified}"
             found.setdefault((module, qualified), Candidate(label, (module, qualified), Shape.of(function)))

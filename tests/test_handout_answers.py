@@ -9,10 +9,12 @@ holds none of those bodies; the instructor's edition keeps every listing.
 
 import ast
 import functools
-import re
+import inspect
 
 import nbformat
 import pytest
+
+import mha.numpy as mnp
 
 from conftest import CHAPTERS, ROOT
 from handouts import key_codes, shared_handout, student_notebook
@@ -75,22 +77,49 @@ def test_no_student_notebook_lists_the_answer_or_its_routes(handout, exercise):
         assert not shown, f"{name} lists {shown} of {exercise.function}'s answer (cell, objects)"
 
 
+def copied_answers(notebook, function):
+    """[(cell, function defined there, the answer object it equals)] for the code cells of `notebook` that define a
+    function or class equal by syntax tree (names, docstrings aside) to one of `function`'s answer objects."""
+    answers = {normalised(node): name for (_, name), node in answer_nodes(function).items()}
+    found = []
+    for i, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code" or "def " not in cell.source and "class " not in cell.source:
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:  # a cell of IPython magics
+            continue
+        found += [(i, node.name, answers[normalised(node)]) for node in ast.walk(tree)
+                  if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and normalised(node) in answers]
+    return found
+
+
 @pytest.mark.parametrize("exercise", EXERCISES, ids=EXERCISE_IDS)
 def test_no_student_code_cell_holds_the_answer_or_its_routes(handout, exercise):
-    """No code cell defines a function or class equal to the answer's by syntax tree (names, docstrings aside)."""
-    answers = {normalised(node): name for (_, name), node in answer_nodes(exercise.function).items()}
     for name, notebook in student_notebooks(handout).items():
-        for i, cell in enumerate(notebook.cells):
-            if cell.cell_type != "code" or "def " not in cell.source and "class " not in cell.source:
-                continue
-            try:
-                tree = ast.parse(cell.source)
-            except SyntaxError:  # a cell of IPython magics
-                continue
-            for node in ast.walk(tree):
-                if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-                    assert normalised(node) not in answers, \
-                        f"{name} cell {i}: {node.name} is the library's {answers[normalised(node)]}"
+        copies = copied_answers(notebook, exercise.function)
+        assert not copies, f"{name} defines the library's code (cell, name, library's): {copies}"
+
+
+def renamed(function, old, new):
+    """The source of a library function with its name and the variable `old` renamed, its docstring dropped."""
+    tree = ast.parse(inspect.getsource(function))
+    tree.body[0].name, tree.body[0].body = f"my_{function.__name__}", tree.body[0].body[1:]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == old:
+            node.id = new
+        elif isinstance(node, ast.arg) and node.arg == old:
+            node.arg = new
+    return ast.unparse(tree)
+
+
+def test_a_code_cell_with_the_librarys_code_renamed_is_seen():
+    cells = [nbformat.v4.new_code_cell("import numpy as np\n\n" + renamed(mnp.causal_lm_loss, "logits", "z")),
+             nbformat.v4.new_code_cell("# the route\n" + renamed(mnp.log_softmax, "shifted", "s")),
+             nbformat.v4.new_code_cell(renamed(mnp.softmax, "x", "y")),  # forbidden, and a softmax of its own
+             nbformat.v4.new_code_cell(renamed(mnp.alibi_slopes, "n_heads", "h"))]  # no route of the loss
+    found = copied_answers(nbformat.v4.new_notebook(cells=cells), "causal_lm_loss")
+    assert [(cell, name) for cell, _, name in found] == [(0, "causal_lm_loss"), (1, "log_softmax"), (2, "softmax")]
 
 
 def body_text(text, node):

@@ -20,6 +20,10 @@ runs the student's code:
 4. a check passes when it passes there AND its check cell is the handout's
    (tools/grading/check_cells.py): a check cell printed over, renamed, edited or removed
    counts as failed, and the report says which, and what the check says.
+5. each row's `copy` says whether the graded function, or a helper of the learner's that it
+   calls, is the library's code or a listing of the chapter (tools/grading/copies.py, in
+   this process, from the notebook's cells and the grader's own book/); it never changes
+   the points.
 
 If the slice raises an error, or a function is missing or meets a NameError (the
 slice may have missed a name), the whole notebook is run in a fresh worker instead.

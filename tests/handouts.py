@@ -4,7 +4,7 @@
 `shared_handout(tmp_path_factory, html=...)`: the handout as `make handout` writes it when handout.yml
 names no student repository, built once however many test files and pytest-xdist workers ask for it
 (tests/test_handout.py, test_grading.py, test_gradescope.py, test_grading_attacks.py,
-test_grading_agreement.py). Tests read it and never write into it: a test that changes a file works
+test_grading_agreement.py, test_grading_copies.py). Tests read it and never write into it: a test that changes a file works
 on a copy of it (`student_notebook` returns a notebook in memory).
 """
 

@@ -28,7 +28,8 @@ SHARED_BUILDS = {
               "tests/test_adoption.py"}, 120.0),
     # tests/handouts.py's shared handout: its notebooks first (the grading tests need no more), its site after
     "handout": ({"tests/test_handout.py", "tests/test_grading.py", "tests/test_gradescope.py",
-                 "tests/test_grading_attacks.py", "tests/test_grading_agreement.py"}, 60.0),
+                 "tests/test_grading_attacks.py", "tests/test_grading_agreement.py",
+                 "tests/test_grading_copies.py"}, 60.0),
 }
 
 

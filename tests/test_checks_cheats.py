@@ -46,7 +46,7 @@ def failure(name, fn, **kwargs):
 # The checks whose named cases are sizes and numbers that their labels spell out ("T = 4", "P = 3"): the same on
 # every run (their random cases change). Every other check draws the values of its named cases from the seed.
 FIXED_NAMED = {"causal_mask", "padding_mask", "sinusoidal_positions", "alibi_bias", "kv_cache_bytes",
-               "sliding_window_mask", "loss_to_bits_per_character", "all_reduce_bytes"}
+               "sliding_window_mask", "loss_to_bits_per_character", "all_reduce_bytes", "ntk_frequencies"}
 
 
 def recorded(name):
@@ -118,9 +118,10 @@ def test_a_failure_names_its_seed_and_the_seed_repeats_it():
 def test_the_random_cases_hold_float32_and_4_d_arrays(name):
     """Whatever the seed: float32 and arrays of 4 dimensions or more. Exceptions: the masks, the
     cache's size and the sinusoidal table take sizes only; ALiBi's bias takes the slopes (h,), so
-    its arrays are 1-D (float32 all the same); the greedy generation loop takes token ids (integers)."""
+    its arrays are 1-D (float32 all the same); RoPE's scaled frequencies take numbers; the greedy generation loop
+    takes token ids (integers)."""
     sizes_only = ("causal_mask", "padding_mask", "kv_cache_bytes", "sinusoidal_positions", "generate_greedy",
-                  "sliding_window_mask", "loss_to_bits_per_character", "all_reduce_bytes")
+                  "sliding_window_mask", "loss_to_bits_per_character", "all_reduce_bytes", "ntk_frequencies")
     for seed in range(5):
         arrays = [a for case in CHECKS[name].make_random_cases(np.random.default_rng(seed))
                   for a in arrays_in((case.args, case.kwargs))]

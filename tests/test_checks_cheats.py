@@ -121,7 +121,8 @@ def test_the_random_cases_hold_float32_and_4_d_arrays(name):
     its arrays are 1-D (float32 all the same); RoPE's scaled frequencies take numbers; the greedy generation loop
     takes token ids (integers)."""
     sizes_only = ("causal_mask", "padding_mask", "kv_cache_bytes", "sinusoidal_positions", "generate_greedy",
-                  "sliding_window_mask", "loss_to_bits_per_character", "all_reduce_bytes", "ntk_frequencies")
+                  "sliding_window_mask", "loss_to_bits_per_character", "all_reduce_bytes", "merge_pair",
+                  "warmup_cosine", "ntk_frequencies")
     for seed in range(5):
         arrays = [a for case in CHECKS[name].make_random_cases(np.random.default_rng(seed))
                   for a in arrays_in((case.args, case.kwargs))]

@@ -276,10 +276,12 @@ def clip_grad_norm_cases(r):
 
 @random_cases_for("clip_grad_norm")
 def clip_grad_norm_random_cases(r):
-    """1 to 4 arrays of random shapes (shape () too) with norms from 0.05 to 5, in float64 and float32."""
+    """1 to 4 arrays of random shapes (shape () too, and one of 4 dimensions) with norms from 0.05 to 5, in float64
+    and float32."""
     def drawn(dtype):
         n = int(r.integers(1, 5))
-        shapes = [tuple(int(s) for s in r.integers(1, 5, size=int(r.integers(0, 4)))) for _ in range(n)]
+        shapes = [tuple(int(s) for s in r.integers(1, 4, size=int(r.integers(0, 4)))) for _ in range(n - 1)]
+        shapes.insert(int(r.integers(n)), tuple(int(s) for s in r.integers(1, 4, size=4)))  # a 4-D array
         return gradients(r, shapes, r.uniform(0.05, 5.0, size=n), dtype)
     return [
         Case("random: float64 gradients", (drawn(np.float64), float(r.choice([0.5, 1.0, 2.0, 5.0])))),

@@ -6,6 +6,7 @@
     notebook.py         one submitted notebook: its chapter, its checks, its rows of grades.csv
     check_cells.py      has a submission kept the handout's check cells? (printed over, renamed, edited, removed)
     copies.py           is a graded function the library's code or a listing of its chapter? (the `copy` column)
+    syntax_rules.py     the exercise's rules on the student's syntax (mha.checks.syntax), read by the grader itself
     notebook_slice.py   the statements of a notebook that the checked functions depend on
     cases.py            the grader's side of a check: draw the cases, send their inputs, judge the replies
     sandbox.py          the worker process that runs a student's code, its limits, and who it may be

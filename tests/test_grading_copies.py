@@ -106,6 +106,19 @@ def test_the_methods_of_a_class_the_chapter_lists_are_compared(tmp_path):
     assert copies.copies_of([code], "multihead_attention_loop", None) == "", "no listing, no match"
 
 
+def test_a_listing_of_part_of_a_file_shows_only_the_functions_it_cuts_into(tmp_path):
+    chapter = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "```{literalinclude} /src/mha/numpy/attention.py\n:language: python\n"
+        ":start-at: def merge_heads\n:end-before: def attention_shape\n```")])
+    nbformat.write(chapter, tmp_path / "chapter.ipynb")
+    labels = {c.label for c in copies.listed_candidates(str(tmp_path / "chapter.ipynb"))}
+    assert labels == {"mha.numpy.attention.merge_heads", "mha.numpy.attention.heads_from_fused"}, labels
+    shown = disguised(mn.heads_from_fused, name="fused_weights")
+    assert copies.copies_of([shown], "fused_weights", tmp_path / "chapter.ipynb").startswith("the library's code")
+    unshown = disguised(mn.multihead_attention_loop, name="loop")
+    assert copies.copies_of([unshown], "loop", tmp_path / "chapter.ipynb") == ""
+
+
 def test_the_definition_in_force_is_the_one_compared():
     copied, own = disguised(mn.softmax), inspect.getsource(solutions_ch01_06.softmax)
     assert copies.copies_of([own, copied], "softmax", CHAPTER_1).startswith("the library's code")

@@ -155,6 +155,11 @@ def test_a_comparison_that_fails_never_stops_the_grading(monkeypatch):
     assert found == {"softmax": "not compared (RuntimeError: unreadable)"}
 
 
+def test_comparisons_past_their_time_are_said_to_be_so():
+    found = copies.copies_of([disguised(mn.softmax)], "softmax", None, deadline=0.0)
+    assert found == f"`softmax` and the functions after it not compared (past {copies.COMPARE_SECONDS:g} s)"
+
+
 def chapters_of_functions():
     """{graded function: its chapter's notebook}."""
     return {check["function"]: path for path in CHAPTERS for exercise in chapter_exercises(path)

@@ -30,6 +30,10 @@ lines written the way the library writes them), most below 0.8; a copy of an exe
 function with one statement added, one attribute renamed or one constant changed scores 0.94 or
 more. What it cannot see: statements reordered or rewritten, loops written as comprehensions,
 algebraic rewrites, code from anywhere but the library and the chapter.
+
+The comparisons run in the grader's process, outside the sandbox, so they are bounded: a learner's
+function is compared only with candidates whose length allows a ratio of NEAR (difflib's quick
+bounds first), and a notebook's comparisons stop after COMPARE_SECONDS, saying so in the column.
 """
 
 import ast
@@ -41,6 +45,7 @@ import inspect
 import re
 import sys
 import textwrap
+import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +55,7 @@ import nbformat
 NEAR = 0.9  # difflib ratio of the token sequences from which a copy is reported as near
 SHORT_NODES = 30  # fewer syntax-tree nodes (about two short statements): short, reported only when identical
 LIBRARY = "mha.numpy"
+COMPARE_SECONDS = 20.0  # the most a notebook's comparisons may take in the grader's process
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -325,14 +331,18 @@ def described(similar, candidate, shape):
     return f"{whose}{short}: {candidate.label}"
 
 
-def copies_of(cells, name, chapter=None, defined=None):
+def copies_of(cells, name, chapter=None, defined=None, deadline=None):
     """What the `copy` column says of the function `name` of a notebook whose code cells are `cells`
     (strings), against the library and the listings of `chapter` (the grader's own copy of the chapter's
     notebook, a path): "" when nothing matched, else "; "-separated findings, the function's own first.
-    `defined`: learner_definitions(cells), when already read."""
+    `defined`: learner_definitions(cells), when already read; `deadline` (time.monotonic()): past it, the
+    functions not yet compared are said to be so."""
     known = candidates(name, chapter)
     said = []
     for own, node in learner_functions(learner_definitions(cells) if defined is None else defined, name):
+        if deadline is not None and time.monotonic() > deadline:
+            said.append(f"`{own}` and the functions after it not compared (past {COMPARE_SECONDS:g} s)")
+            break
         shape = Shape.of(node)
         match = best_match(shape, known)
         if match:
@@ -343,13 +353,14 @@ def copies_of(cells, name, chapter=None, defined=None):
 def copy_column(cells, functions, notebook):
     """{function: what the `copy` column says} for the graded `functions` of a submission whose code cells
     are `cells`, against the chapter `notebook` as the manifest names it (`book/05_....ipynb`), read from
-    the grader's own repository. It never stops the grading: a failure is said in the column."""
+    the grader's own repository, within COMPARE_SECONDS for the notebook. It never stops the grading: a
+    failure is said in the column."""
     chapter = ROOT / notebook if (ROOT / notebook).is_file() else None
-    found, defined = {}, None
+    found, defined, deadline = {}, None, time.monotonic() + COMPARE_SECONDS
     for name in dict.fromkeys(functions):
         try:
             defined = learner_definitions(cells) if defined is None else defined
-            found[name] = copies_of(cells, name, chapter, defined)
+            found[name] = copies_of(cells, name, chapter, defined, deadline)
         except Exception as error:  # noqa: BLE001 - the grade stands whatever the comparison meets
             found[name] = f"not compared ({type(error).__name__}: {error})"
     return found

@@ -164,11 +164,12 @@ def answer_objects(name):
 
 # Listings -----------------------------------------------------------------------------------------------
 
+@functools.cache
 def body_lines(path, qualname):
     """The line numbers of an object's body in `path`, its docstring aside (a signature shows no answer)."""
     node = find_object(module_tree(path), qualname)
     body = node.body[1:] if node.body and is_docstring(node.body[0]) else node.body
-    return {line for statement in body for line in range(statement.lineno, statement.end_lineno + 1)}
+    return frozenset(line for statement in body for line in range(statement.lineno, statement.end_lineno + 1))
 
 
 def is_docstring(statement):
@@ -210,6 +211,7 @@ def cut(numbers, lines, listing):
     return numbers
 
 
+@functools.cache
 def shown_lines(listing):
     """(file relative to the repository, the line numbers that `listing` shows), as Sphinx's literalinclude
     picks them: the object (`:pyobject:`) or the whole file, then the start and end options, then `:lines:`."""
@@ -224,7 +226,7 @@ def shown_lines(listing):
     numbers = cut(numbers, lines, listing)
     if option(listing, "lines"):
         numbers = selected_lines(numbers, option(listing, "lines"))
-    return listing.file.resolve().relative_to(ROOT).as_posix(), set(numbers)
+    return listing.file.resolve().relative_to(ROOT).as_posix(), frozenset(numbers)
 
 
 def shown_answers(listing):

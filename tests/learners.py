@@ -43,6 +43,7 @@ def recording(solve):
             raise
         calls.append(((args, kwargs), answer))
         return answer
+    recorder.__wrapped__ = solve  # the route a check reads (mha.checks.syntax unwraps) is the solution's, not this
     return recorder, calls
 
 

@@ -201,7 +201,7 @@ def test_check_needs_a_function():
 
 
 def test_the_learner_cannot_change_the_reference_inputs():
-    softmax = own_copy("softmax")
+    softmax = right_solutions()["softmax"]  # the route of the text: the library's own code breaks its rule
 
     def mutates(x, axis=-1):
         x *= 0  # in place, on the check's copy

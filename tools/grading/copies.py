@@ -13,7 +13,8 @@ own process. It takes the definition of `name` that the notebook leaves in force
 - the library function it replaces, `mha.numpy.<name>`, and every function of mha.numpy that this
   one calls, however deep (read with `inspect` in the grader's process);
 - every function or method that the chapter shows with `{literalinclude}` (tools/publishing/listings.py),
-  read from the grader's own copy of the chapter, `chapter` (never from the submission).
+  read from the grader's own copy of the chapter, `chapter` (never from the submission). Gradescope's
+  zip (tools/grading/make_gradescope.py) holds no book/: there the library alone is compared.
 
 Identical normalised trees are a copy: "the library's code: mha.numpy.softmax". Otherwise two
 functions are compared as token sequences (the normalised tree's text with every renamed name written

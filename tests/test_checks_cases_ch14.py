@@ -1,8 +1,10 @@
 """The cases of chapter 14's checks (a model that writes): the traps are in the named cases (ties at the k-th
-value, the top-p boundary reached exactly, p so tiny that 1 - p rounds to 1, logits that overflow e^x), no case
-lets rounding or a tie decide top-p's cut, and an input written in place is refused."""
+value, the top-p boundary reached exactly, p so tiny that 1 - p rounds to 1, logits that overflow e^x; overlapping
+pairs of a BPE merge, the steps where the learning rate changes form, gradients each short but long together), no
+case lets rounding or a tie decide top-p's cut, and an input written in place (or given back) is refused."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -184,3 +186,14 @@ def test_the_named_traps_of_clip_grad_norm_are_there():
     assert {g.dtype for g in labelled("clip_grad_norm", "float32").args[0]} == {np.dtype(np.float32)}
     assert () in [g.shape for g in labelled("clip_grad_norm", "shape ()").args[0]]
     assert labelled("clip_grad_norm", "empty list").args[0] == []
+
+
+def merge_nothing(ids, pair, new_id):
+    return list(ids)
+
+
+def test_a_failure_of_merge_pair_shows_the_ids_themselves():
+    """A few token ids are followed by hand: the input is shown as the list, not as 'list of 4'."""
+    for message in failures_on_every_seed("merge_pair", merge_nothing):
+        assert "on the case 'one occurrence in the middle" in message, message
+        assert re.search(r"input: ids=\[\d+, \d+, \d+, \d+\], pair=\(\d+, \d+\), new_id=\d+", message), message

@@ -30,6 +30,8 @@ def describe_value(name, value):
         return f"{name}: shape {value.shape} {value.dtype}"
     if isinstance(value, dict):
         return f"{name}: {{{', '.join(value)}}}" if name != "params" else "the block's parameters"
+    if isinstance(value, list) and len(value) <= 12 and all(isinstance(v, (int, np.integer)) for v in value):
+        return f"{name}={[int(v) for v in value]!r}"  # a few token ids, shown: the learner can follow them by hand
     if isinstance(value, list):
         return f"{name}: list of {len(value)}"
     return f"{name}={value!r}"

@@ -19,6 +19,7 @@ import mha.numpy as mn
 import mha.numpy.attention
 import mha.torch as mt
 from mha.checks.own_work import RefusedCall, Refusing
+from mha.checks.reference import library_function
 from mha.checks.registry import CHECKS, all_mistakes
 
 NAMES = list(CHECKS)
@@ -255,7 +256,8 @@ TWINS = [(name, forbidden) for name in NAMES for forbidden in CHECKS[name].absen
 
 @pytest.mark.parametrize("name,forbidden", FORBIDDEN, ids=[f"{n}-{f}" for n, f in FORBIDDEN])
 def test_every_forbidden_route_is_refused_in_the_notebook_with_its_name(name, forbidden):
-    message = failure(name, calls_with_nothing(getattr(mn, forbidden)), seed=0)
+    """Of mha.numpy, or of another module of mha by its dotted name (mha.text.bits_per_character)."""
+    message = failure(name, calls_with_nothing(library_function(forbidden)), seed=0)
     assert message.startswith(f"{name} calls mha's own {forbidden}, which does this exercise's work: write it "
                               f"yourself, using only {CHECKS[name].may_use}\n  on the case '"), message
 

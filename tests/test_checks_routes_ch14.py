@@ -20,22 +20,40 @@ ROOT = Path(__file__).resolve().parents[1]
 # What each exercise may not call, and the library's routes to its answer -----------------------------------------
 
 
+def named(forbidden):
+    """How the text names a forbidden function: mnp.<name>, or its dotted name in another module of mha."""
+    return forbidden if "." in forbidden else f"mnp.{forbidden}"
+
+
 def test_forbids_names_library_functions_and_never_what_may_use_permits():
     for name in CHAPTER_14:
         check = CHECKS[name]
-        assert set(check.forbids) <= set(mnp.__all__) and name not in check.forbids
+        assert {f for f in check.forbids if "." not in f} <= set(mnp.__all__) and name not in check.forbids
         for forbidden in check.forbids:
-            assert not re.search(rf"(?<!not )(?<!without )mnp\.{forbidden}\b", check.may_use), forbidden
+            assert not re.search(rf"(?<!not )(?<!without ){re.escape(named(forbidden))}\b", check.may_use), forbidden
         assert check.packages == () and not check.float32_promised
     for name in FILTERS:
         assert CHECKS[name].forbids == ("filter_logits",) and "not mnp.filter_logits" in CHECKS[name].may_use
     assert "mnp.softmax" in CHECKS["top_p_filter"].may_use and "softmax" not in CHECKS["top_p_filter"].forbids
 
 
-def test_the_bits_route_of_mha_text_is_out_of_the_graders_reach():
-    """mha.text.bits_per_character gives the answer from the total nats, but the student edition that grades
-    copies mha.numpy and what it imports, never mha.text: no forbid is needed for it."""
+def bits_by_mha_text(mean_loss, n_tokens, n_characters):
+    from mha.text import bits_per_character as renamed
+    return renamed(float(mean_loss) * int(n_tokens), int(n_characters))
+
+
+def test_the_bits_route_of_mha_text_is_right_but_refused_in_the_notebook_and_out_of_the_graders_reach():
+    """mha.text.bits_per_character gives the answer from the total nats: the notebook's check refuses it by its
+    dotted name (renamed too), and the student edition that grades copies mha.numpy and what it imports, never
+    mha.text."""
     from tools.grading import student_edition
+    assert CHECKS["loss_to_bits_per_character"].forbids == ("mha.text.bits_per_character",)
+    for case in CHECKS["loss_to_bits_per_character"].named_cases(0):
+        assert compare_result(expected_answer("loss_to_bits_per_character", case), case.call(bits_by_mha_text),
+                              None) is None, case.label
+    for message in failures_on_every_seed("loss_to_bits_per_character", bits_by_mha_text, seeds=SEEDS[:2]):
+        assert message.startswith("loss_to_bits_per_character calls mha's own mha.text.bits_per_character, which "
+                                  "does this exercise's work"), message
     assert "numpy" in student_edition.COPIED and not any("text" in part for part in student_edition.COPIED)
 
 
@@ -82,7 +100,7 @@ def test_the_exercises_text_agrees_with_the_checks():
     for name, text in texts.items():
         assert not re.search(r"ValueError|TypeError|\braise", text), name
         for forbidden in CHECKS[name].forbids:
-            assert re.search(rf"without `mnp\.{forbidden}`", text), (name, forbidden)
-            assert not re.search(rf"(?<!not )(?<!without )`mnp\.{forbidden}`", text), (name, forbidden)
+            assert re.search(rf"without `{re.escape(named(forbidden))}`", text), (name, forbidden)
+            assert not re.search(rf"(?<!not )(?<!without )`{re.escape(named(forbidden))}`", text), (name, forbidden)
     assert "-np.inf" in texts["top_k_filter"] and "tied" in texts["top_k_filter"]
     assert "less than" in texts["top_p_filter"] and "at least one" in texts["top_p_filter"]

@@ -51,6 +51,8 @@ NAMED_ROUTES = {
                        "    out, lse = mnp.attention_partial(q, np.where(np.isfinite(k), k, 0), "
                        "np.stack([out_a, out_b], axis=-2), keep)\n    return out[..., 0, :], lse[..., 0]"),
     "causal_mask": "return mnp.sliding_window_mask(T, T)",
+    "loss_to_bits_per_character": ("from mha.text import bits_per_character\n"
+                                   "    return bits_per_character(mean_loss * n_tokens, n_characters)"),
     "generate_greedy": ("def cropped(tokens):\n        return logits_fn(tokens if max_len is None else "
                         "tokens[..., -max_len:])\n    return mnp.generate(cropped, prompt, n_new, top_k=1)"),
 }
@@ -128,8 +130,8 @@ def routes(name):
     forbidden function with the case's own arguments (refused whatever they are)."""
     import mha.numpy as mnp
     found = [route_source(name, NAMED_ROUTES[name])] if name in NAMED_ROUTES else []
-    if CHECKS[name].forbids:
-        forbidden = CHECKS[name].forbids[0]
+    forbidden = next((f for f in CHECKS[name].forbids if "." not in f), None)  # of mnp (a dotted one: NAMED_ROUTES)
+    if forbidden is not None:
         parameters = inspect.signature(getattr(mnp, name)).parameters.values()
         passed = ", ".join(p.name if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) else f"{p.name}={p.name}"
                            for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))

@@ -7,7 +7,8 @@ that does the exercise's work (the check's `forbids`), is refused.
     guard.refused  # which one ("softmax", "log_softmax", ...)
 
 Inside, every Python function that starts is looked at (`sys.setprofile`). When it is one of
-the refused library functions (`mha.numpy.<name>`, or its twin `mha.torch.<name>`), however it
+the refused library functions (`mha.numpy.<name>`, or its twin `mha.torch.<name>`, or a function of
+another module of mha that a check forbids by its dotted name, `mha.text.bits_per_character`), however it
 was imported, renamed or reloaded (the code is known by its file, line and name), and the
 code that called it is not the library's own, the call raises `RefusedCall` and the
 guard remembers it: a `try` in the solution cannot hide it. The library's calls to
@@ -52,7 +53,8 @@ class Refusing:
         self.name = name
         functions = {name: reference, **(others or {})}
         self.written_at = {where(f.__code__): n for n, f in functions.items() if isinstance(f, types.FunctionType)}
-        self.names = frozenset(functions)  # a quick test on a code's name comes first: most calls are not refused
+        # A quick test on a code's name comes first, most calls are not refused ("mha.text.f" is the code of f).
+        self.names = frozenset(n.rpartition(".")[2] for n in functions)
         self.caught = None  # the module that called a refused function, once refused
         self.refused = None  # the name of the refused function it called (or that was handed in)
         self.previous = None

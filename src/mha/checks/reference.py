@@ -12,6 +12,8 @@ were, for as long as the reference runs, and then restores what the learner set.
 """
 
 import contextlib
+import importlib
+import inspect
 import sys
 import types
 
@@ -50,6 +52,18 @@ ORIGINAL_GLOBALS = {module: dict(vars(module)) for module in
 def reference(name):
     """The library's own `mha.numpy.<name>`, as it was when mha.checks was imported."""
     return getattr(NUMPY, name)
+
+
+def library_function(name):
+    """The library function that a check names: `mha.numpy.<name>` as at import (`reference`), or, for a dotted name
+    of another module of mha (a check's `forbids`: "mha.text.bits_per_character"), that module's function."""
+    if "." not in name:
+        return reference(name)
+    module, _, attribute = name.rpartition(".")
+    if module.split(".")[0] != "mha":
+        raise ValueError(f"a dotted library name must name a module of mha, got {name!r}")
+    function = getattr(importlib.import_module(module), attribute)
+    return inspect.unwrap(function)
 
 
 @contextlib.contextmanager

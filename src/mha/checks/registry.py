@@ -40,7 +40,7 @@ import numpy as np
 from mha.checks.compare import changed_arguments, compare_result, describe_case, flatten, same_answer
 from mha.checks.inputs import named_generator
 from mha.checks.own_work import Refusing
-from mha.checks.reference import reference, untouched_library
+from mha.checks.reference import library_function, reference, untouched_library
 from mha.checks.syntax import broken_rule_of
 
 OUT_AND_WEIGHTS = ("out", "weights")  # the structure of a result `(out, weights)`
@@ -91,7 +91,9 @@ class Check:
     make_random_cases: Callable | None = None  # make_random_cases(generator) returns more `Case`s
     mistakes: list = field(default_factory=list)
     # Other library functions that compute this exercise's result (its own name is always one): in
-    # grading, the student edition of mha has them, in both faces, raise "this is the exercise".
+    # grading, the student edition of mha has them, in both faces, raise "this is the exercise". Names of
+    # mha.numpy, or dotted names of another module of mha ("mha.text.bits_per_character"), which the notebook's
+    # check refuses and the student edition lacks.
     forbids: tuple = ()
     # Third-party packages beside NumPy that a solution may import (say "scipy"): in grading the others
     # (torch, scipy, ...) are absent from the worker that runs this exercise.
@@ -108,8 +110,9 @@ class Check:
     rules: tuple = ()
 
     def absent(self):
-        """The library names that the student edition switches off for this exercise, sorted."""
-        return tuple(sorted({self.name, *self.forbids}))
+        """The names of mha.numpy that the student edition switches off for this exercise, sorted. (A dotted name of
+        `forbids`, of another module of mha, is not switched off: the student edition has no module but mha.numpy's.)"""
+        return tuple(sorted({self.name, *(name for name in self.forbids if "." not in name)}))
 
     def named_cases(self, seed):
         """The named cases of a run with `seed`: the same labels and traps on every run, values drawn from `seed`."""
@@ -237,8 +240,9 @@ RAISED_AS_REQUIRED = object()  # the answer of a function that raised the except
 
 
 def refusing(check, fn):
-    """The guard under which the learner's `fn` runs: every name of `check.absent()` refused, in both faces."""
-    return Refusing(check.name, reference(check.name), fn, {name: reference(name) for name in check.forbids})
+    """The guard under which the learner's `fn` runs: the exercise's function and every one of `check.forbids` refused
+    (those of mha.numpy in both faces)."""
+    return Refusing(check.name, reference(check.name), fn, {name: library_function(name) for name in check.forbids})
 
 
 def what_it_does(check, refused):

@@ -1,11 +1,12 @@
-"""What each exercise may not call: the library functions (public names of `mha.numpy`) that compute the
-exercise's result or its core, audited exercise by exercise. Each check's `forbids` is one tuple below.
+"""What each exercise may not call: the library functions (public names of `mha.numpy`, or the dotted name of a
+function of another module of mha) that compute the exercise's result or its core, audited exercise by exercise.
+Each check's `forbids` is one tuple below.
 
 The notebook's check refuses a call of any of them (or of its `mha.torch` twin) from the learner's code while
 the learner's function runs (`mha.checks.own_work`); the grader's student edition of mha has them switched off
-(tools/grading/student_edition.py). Never forbid what an exercise's text permits, nor what a permitted function
-calls inside (the student edition switches a name off everywhere): tests/test_grading_agreement.py grades the
-book's answers in the student edition.
+(tools/grading/student_edition.py), and holds no module of mha but mha.numpy's and what it imports. Never forbid
+what an exercise's text permits, nor what a permitted function calls inside (the student edition switches a name
+off everywhere): tests/test_grading_agreement.py grades the book's answers in the student edition.
 """
 
 # Building blocks ------------------------------------------------------------------------------------------
@@ -162,9 +163,10 @@ NTK_FORBIDS = joined(SINUSOID_ROUTES, ("transformer_lm",))
 # filter_logits(logits, temperature=t, top_k=k, top_p=p) gives each of the three answers with the other two
 # options left off; the sampler mnp.generate returns tokens, not logits, and is no route.
 FILTER_ROUTES = ("filter_logits",)
-# mha.numpy has no route to bits per character. mha.text.bits_per_character(total_nats, n_characters) computes it,
-# but the student edition that grades holds mha.numpy alone (tools/grading/student_edition.py, COPIED).
-BITS_FORBIDS = ()
+# mha.numpy has no route to bits per character; mha.text.bits_per_character(mean_loss * n_tokens, n_characters) is
+# the answer. The notebook's check refuses it by its dotted name; the student edition that grades holds mha.numpy
+# alone (tools/grading/student_edition.py, COPIED), so there its import fails.
+BITS_FORBIDS = ("mha.text.bits_per_character",)
 # No other function of mha.numpy merges a BPE pair, computes a learning rate or clips gradients:
 # mha.text.training.learning_rate calls warmup_cosine itself (and is refused with it); torch's clip_grad_norm_ and
 # the tokenizers library are absent from the worker that grades (the checks permit no package).

@@ -1,5 +1,6 @@
 """The checks of chapter 10 (`check_sinusoidal_positions`, `check_alibi_bias`): solutions written
-from scratch pass on several seeds; every catalogued mistake, and a few more wrong answers that
+from scratch pass on several seeds, by the route the text asks for (slices, broadcasting: no loop), while the
+same answers computed with loops break that route; every catalogued mistake, and a few more wrong answers that
 learners write, is rejected, the catalogued ones with their own hint."""
 
 import math
@@ -49,17 +50,25 @@ def alibi_bias_broadcast(T_q, T_k, slopes):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("fn", [sinusoidal_positions, sinusoidal_positions_vectorised])
-def test_right_sinusoidal_tables_pass(fn, seed, capsys):
-    checks.check_sinusoidal_positions(fn, seed=seed)
+def test_right_sinusoidal_tables_pass(seed, capsys):
+    checks.check_sinusoidal_positions(sinusoidal_positions_vectorised, seed=seed)
     assert capsys.readouterr().out.strip() == "check_sinusoidal_positions: all 5 cases passed."
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("fn", [alibi_bias, alibi_bias_broadcast])
-def test_right_alibi_biases_pass(fn, seed, capsys):
-    checks.check_alibi_bias(fn, seed=seed)
+def test_right_alibi_biases_pass(seed, capsys):
+    checks.check_alibi_bias(alibi_bias_broadcast, seed=seed)
     assert capsys.readouterr().out.strip() == "check_alibi_bias: all 5 cases passed."
+
+
+@pytest.mark.parametrize("seed", (0, 1))
+@pytest.mark.parametrize("name,fn", [("sinusoidal_positions", sinusoidal_positions), ("alibi_bias", alibi_bias)])
+def test_right_answers_written_with_loops_break_the_route_the_text_asks_for(name, fn, seed):
+    """The rule is judged once every answer is right: its message says that the values were right."""
+    with pytest.raises(checks.CheckFailed) as failed:
+        getattr(checks, f"check_{name}")(fn, seed=seed)
+    assert str(failed.value).startswith(f"{name} does not follow the route the exercise asks for: "), failed.value
+    assert "uses a loop (for or while) on line 4" in str(failed.value)
 
 
 MISTAKES = [(name, m) for name in ("sinusoidal_positions", "alibi_bias") for m in CHECKS[name].mistakes]

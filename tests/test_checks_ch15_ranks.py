@@ -170,3 +170,23 @@ def test_the_ring_may_call_attention_partial_and_merge_partials_and_the_partial_
     assert {"shard_by_heads", "multihead_attention"}.isdisjoint(CHECKS["rank_partial_output"].forbids)
     assert "ring_attention" in CHECKS["ring_attention_lists"].forbids
     assert run("rank_partial_output", rank_partial_output, 0).startswith("check_rank_partial_output: all 7 cases")
+
+
+def ring_with_the_chunks_put_together(Q_chunks, K_chunks, V_chunks, *, causal=False):
+    """Right, with what the text permits, but no ring: every chunk of keys and values put together, then one
+    partial attention per rank."""
+    P, n = len(Q_chunks), Q_chunks[0].shape[-2]
+    K, V = np.concatenate(K_chunks, axis=-2), np.concatenate(V_chunks, axis=-2)  # (..., T, d_k), (..., T, d_v)
+    outs = []
+    for r in range(P):
+        allowed = np.arange(P * n) <= np.arange(r * n, (r + 1) * n)[:, None] if causal else None  # (n, T)
+        outs.append(mnp.attention_partial(Q_chunks[r], K, V, allowed)[0])
+    return outs
+
+
+def test_a_ring_that_puts_the_chunks_together_is_right_but_breaks_the_rule_of_the_text():
+    """The rule is judged once every answer is right: its message says that the answers were."""
+    for message in failures_on_every_seed("ring_attention_lists", ring_with_the_chunks_put_together, seeds=SEEDS[:2]):
+        assert message.startswith("ring_attention_lists does not follow the route the exercise asks for: never put "
+                                  "two chunks of keys or values together"), message
+        assert "uses `concatenate` on line 5" in message, message

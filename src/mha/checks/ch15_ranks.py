@@ -15,6 +15,7 @@ from mha.checks.compare import ListOf
 from mha.checks.inputs import batch, normal, weights
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 from mha.checks.routes import RANK_PARTIAL_FORBIDS, RING_LOOP_FORBIDS, ULYSSES_EXCHANGE_FORBIDS
+from mha.checks.syntax import Rule
 
 # ulysses_all_to_all: from T/P positions of every head to h/P heads at every position -------------------------------
 
@@ -102,9 +103,17 @@ def chunks_of(r, P, n, d_k, d_v, lead=(), dtype=np.float64):
     return tuple([normal(r, (*lead, n, d), dtype) for _ in range(P)] for d in (d_k, d_k, d_v))
 
 
+# attention_partial is permitted: all the key chunks put together and one call per rank would be the answer, no loop.
+# (list.append shares its name with np.append, which stays: a rule reads names, not what they belong to.)
+RING_LOOP_RULES = (Rule("never put two chunks of keys or values together, a rank holds one at a time: no "
+                        "np.concatenate, np.stack, np.vstack, np.hstack, np.block, np.r_ or np.array of the chunks",
+                        forbids=("concatenate", "concat", "stack", "vstack", "hstack", "dstack", "column_stack",
+                                 "row_stack", "block", "r_", "c_", "array", "asarray", "asanyarray")),)
+
+
 @cases_for("ring_attention_lists", returns=ListOf("out"),
            may_use="NumPy, mnp.attention_partial and mnp.merge_partials (not mnp.ring_attention)",
-           forbids=RING_LOOP_FORBIDS)
+           forbids=RING_LOOP_FORBIDS, rules=RING_LOOP_RULES)
 def ring_attention_lists_cases(r):
     """4 ranks with d_v != d_k, causal and not, P = 1, chunks of one position, float32, and a batch of heads."""
     return [

@@ -220,6 +220,11 @@ def rms_norm_by_layer_norm(X, weight, eps=1e-6, *, unit_offset=False):
     return both[..., :d]
 
 
+def rms_norm_by_one_head_of_qk_norm(X, weight, eps=1e-6, *, unit_offset=False):
+    """QK-norm per head with one head and one position: RMSNorm (the library's rms_norm inside)."""
+    return mnp.rms_norm_per_head(X[..., None, :], weight, 1, eps, unit_offset=unit_offset)[..., 0, 0, :]
+
+
 def swiglu_by_gated_feed_forward(X, W_gate, W_up, W_down):
     return mnp.gated_feed_forward(X, W_gate, W_up, W_down, activation="silu")
 
@@ -276,6 +281,7 @@ def soft_cap_by_a_model_without_layers(x, cap):
 
 
 ROUTES = [("rms_norm", rms_norm_by_layer_norm), ("rms_norm", rms_norm_by_a_model_without_layers),
+          ("rms_norm", rms_norm_by_one_head_of_qk_norm),
           ("soft_cap", soft_cap_by_a_model_without_layers), ("swiglu", swiglu_by_gated_feed_forward), ("swiglu", swiglu_by_silu),
           ("sliding_window_mask", window_by_causal_mask_after), ("sliding_window_mask", window_by_causal_mask),
           ("sliding_window_mask", window_by_the_weights_of_grouped_attention),

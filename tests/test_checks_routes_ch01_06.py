@@ -89,6 +89,12 @@ def layer_norm_by_torch(X, gamma, beta, eps=1e-5):
     return out.numpy()
 
 
+def layer_norm_by_qk_norm(X, gamma, beta, eps=1e-5):  # the centred vectors, RMS-normed as one head each
+    d = X.shape[-1]
+    out = mnp.rms_norm_per_head((X - X.sum(axis=-1, keepdims=True) / d)[..., None, :], gamma, 1, eps)[..., 0, 0, :]
+    return out if beta is None else out + beta
+
+
 def feed_forward_by_library_activations(X, W_1, b_1, W_2, b_2, activation="relu"):
     if activation not in ("relu", "gelu"):
         raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
@@ -108,7 +114,8 @@ def causal_mask_by_causal_mask_after(T):
 
 ROUTES = [("softmax", softmax_by_log_softmax), ("softmax", softmax_by_masked_softmax),
           ("self_attention", self_attention_by_sdpa), ("self_attention", self_attention_by_head),
-          ("layer_norm", layer_norm_by_torch), ("feed_forward", feed_forward_by_library_activations),
+          ("layer_norm", layer_norm_by_torch), ("layer_norm", layer_norm_by_qk_norm),
+          ("feed_forward", feed_forward_by_library_activations),
           ("encoder_block", encoder_block_by_encoder), ("causal_mask", causal_mask_by_causal_mask_after)]
 
 

@@ -7,6 +7,12 @@ the learner's function runs (`mha.checks.own_work`); the grader's student editio
 (tools/grading/student_edition.py), and holds no module of mha but mha.numpy's and what it imports. Never forbid
 what an exercise's text permits, nor what a permitted function calls inside (the student edition switches a name
 off everywhere): tests/test_grading_agreement.py grades the book's answers in the student edition.
+
+Audited against the texts once more for #38. Functions of mha outside its two faces that import torch
+(mha.distributed.ring.merge_partials, mha.text.training.mean_loss through a model that returns the given logits,
+mha.experiments.writing.nats_to_bits) are routes as torch itself is: the notebook's kernel has torch, the grader's
+worker has neither torch nor those modules, so none is forbidden here. A pure-Python one that computes an answer
+(mha.text.bits_per_character) is forbidden by its dotted name.
 """
 
 # Building blocks ------------------------------------------------------------------------------------------
@@ -88,9 +94,10 @@ MULTIHEAD_ROUTES = routes_but(joined(SOFTMAX_ROUTES, ("split_heads", "merge_head
 
 # The library functions built on LayerNorm, the feed-forward network and the encoder block: each computes them
 # with the right parameters (a block with zero attention weights, a model with no layer), so the exercises forbid
-# them. LayerNorm is also RMSNorm of the centred vectors (rms_norm, and grouped_query_attention's q_norm).
+# them. LayerNorm is also RMSNorm of the centred vectors (rms_norm, rms_norm_per_head with one head, and
+# grouped_query_attention's q_norm).
 LAYERS = BLOCK_ROUTES + MODELS
-LAYER_NORM_FORBIDS = joined(LAYERS, ("rms_norm", "grouped_query_attention"))
+LAYER_NORM_FORBIDS = joined(LAYERS, ("rms_norm", "rms_norm_per_head", "grouped_query_attention"))
 FEED_FORWARD_FORBIDS = joined(("relu", "gelu", "gelu_tanh"), LAYERS)
 ENCODER_BLOCK_FORBIDS = routes_but(LAYERS, "encoder_block")  # permits multihead_attention, layer_norm, feed_forward
 
@@ -139,8 +146,10 @@ KV_CACHE_BYTES_FORBIDS = ()  # no other function of mha counts the bytes of a ca
 
 # mnp.layer_norm computes RMSNorm too: the vector next to its own negative has mean 0 and variance mean(x^2), and so
 # does the final LayerNorm of decoder_only_transformer; grouped_query_attention applies RMSNorm to the queries and
-# keys (q_norm, k_norm); transformer_lm with no layer, an RMS final norm and an identity output layer is RMSNorm.
-NORM_ROUTES = ("layer_norm", "grouped_query_attention", "transformer_lm", "decoder_only_transformer")
+# keys (q_norm, k_norm); transformer_lm with no layer, an RMS final norm and an identity output layer is RMSNorm;
+# rms_norm_per_head with one head is RMSNorm (the library's call to rms_norm inside would go through).
+NORM_ROUTES = ("layer_norm", "rms_norm_per_head", "grouped_query_attention", "transformer_lm",
+               "decoder_only_transformer")
 # gated_feed_forward(..., activation="silu") is swiglu itself, and mnp.silu is the gate's activation that the
 # exercise asks for; transformer_lm's blocks add one to the residual stream.
 GATED_ROUTES = ("gated_feed_forward", "silu", "transformer_lm")
@@ -152,7 +161,7 @@ CAP_ROUTES = ("scaled_dot_product_attention", "grouped_query_attention", "transf
 WINDOW_ROUTES = routes_but(CAUSAL_ROUTES, "sliding_window_mask")
 # QK-norm per head: mnp.rms_norm of the split heads is the answer (the split is permitted: mnp.split_heads), and
 # the NORM_ROUTES compute RMSNorm too (grouped_query_attention's q_norm of width d_head is this very norm).
-QK_NORM_FORBIDS = ("rms_norm",) + NORM_ROUTES
+QK_NORM_FORBIDS = ("rms_norm",) + routes_but(NORM_ROUTES, "rms_norm_per_head")
 # Dynamic NTK: rotary_frequencies(d_head, base, {"rope_type": "dynamic", ...}, seq_len=...) is the answer, the
 # SINUSOID_ROUTES give RoPE's frequencies (or their angles) for any base, the rest of the exercise once the base is
 # known, and transformer_lm turns its queries and keys by a scaled RoPE (rope_scaling).

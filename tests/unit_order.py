@@ -29,7 +29,8 @@ SHARED_BUILDS = {
     # tests/handouts.py's shared handout: its notebooks first (the grading tests need no more), its site after
     "handout": ({"tests/test_handout.py", "tests/test_grading.py", "tests/test_gradescope.py",
                  "tests/test_grading_attacks.py", "tests/test_grading_agreement.py",
-                 "tests/test_grading_copies.py"}, 60.0),
+                 "tests/test_grading_copies.py", "tests/test_handout_answers.py",
+                 "tests/test_checks_routes_syntax.py"}, 60.0),
 }
 
 

@@ -262,14 +262,14 @@ def shared_memory(check, got, args, kwargs):
     names = list(inspect.signature(reference(check.name)).parameters)
     inputs = [(names[i] if i < len(names) else f"argument {i}", a) for i, a in enumerate(args)]
     inputs += list(kwargs.items())
+    inputs += [(f"{name}[{j}]", item) for name, value in list(inputs) if isinstance(value, (list, tuple))
+               for j, item in enumerate(value)]  # the arrays of a list given (clip_grad_norm's grads)
     for i, answer in enumerate(answers):
         for name, value in inputs:
             if isinstance(value, np.ndarray) and np.may_share_memory(answer, value) and np.shares_memory(answer, value):
                 part = "the result" if len(answers) == 1 and check.returns is None else f"array {i} of the result"
                 return (f"{part} shares memory with the input {name}: the text asks for a new array (a copy), not "
                         f"a view of the input (slicing, np.split and reshape give views; .copy() makes a copy)")
-    inputs += [(f"{name}[{j}]", item) for name, value in list(inputs) if isinstance(value, (list, tuple))
-               for j, item in enumerate(value)]  # the arrays of a list given (clip_grad_norm's grads)
     return None
 
 

@@ -117,3 +117,35 @@ def test_a_rule_needs_its_text_and_a_token():
         Rule("", forbids=("tril",))
     with pytest.raises(ValueError):
         Rule("without anything")
+
+
+RENAMED = {
+    "an import under another name": "from numpy import tril as lower\n",
+    "an assignment at the top": "lower = np.tril\n",
+    "a module imported under another name": "import numpy as n\nlower = n.tril\n",
+}
+
+
+@pytest.mark.parametrize("binding", RENAMED.values(), ids=RENAMED.keys())
+def test_a_library_function_under_another_name_is_still_read(binding):
+    """`lower(...)` after `from numpy import tril as lower` uses np.tril: the notebook's check (the function's
+    globals) and the grader (the notebook's top-level statements) both see it."""
+    import nbformat
+    from mha.checks.registry import registered
+    from tools.grading.syntax_rules import broken_rule_in
+    source = binding + "def causal_mask(T):\n    return lower(np.ones((T, T), dtype=bool))\n"
+    f = made_by_exec(source, "causal_mask")
+    assert "uses `tril`" in broken_rule_of("causal_mask", registered("causal_mask").rules, f)
+    cells = [nbformat.v4.new_code_cell("import numpy as np"), nbformat.v4.new_code_cell(source)]
+    assert "uses `tril`" in broken_rule_in(cells, registered("causal_mask"), "causal_mask")
+
+
+def test_a_name_bound_by_a_computed_getattr_at_the_top_breaks_the_rules_in_the_grader():
+    import nbformat
+    from mha.checks.registry import registered
+    from tools.grading.syntax_rules import broken_rule_in
+    source = "lower = getattr(np, 'tr' + 'il')\ndef causal_mask(T):\n    return lower(np.ones((T, T), dtype=bool))\n"
+    cells = [nbformat.v4.new_code_cell("import numpy as np"), nbformat.v4.new_code_cell(source)]
+    assert "the check reads your code" in broken_rule_in(cells, registered("causal_mask"), "causal_mask")
+    assert "uses `tril`" in broken_rule_of("causal_mask", registered("causal_mask").rules,
+                                           made_by_exec(source, "causal_mask"))

@@ -11,7 +11,7 @@ among the function's globals. The uses and the message come from the same code a
 
 import ast
 
-from mha.checks.syntax import broken_rule, uses_in_tree
+from mha.checks.syntax import DYNAMIC, Use, broken_rule, uses_in_tree
 from tools.grading.notebook_slice import statement_units
 
 
@@ -47,10 +47,56 @@ def followed(bound, name):
     return None if isinstance(found, str) else found
 
 
+ALIAS_CALLS = ("getattr", "eval", "exec", "compile", "__import__", "vars")  # values the grader cannot name
+
+
+def aliases(cells):
+    """{name: what the notebook's top level binds it to, when that is another object's name}: `from numpy import
+    tril as lower` and `lower = np.tril` give {"lower": "tril"}; a name bound by a computed getattr, eval, ... gives
+    the token of a name the check cannot read (mha.checks.syntax.DYNAMIC)."""
+    found = {}
+    for _, code, names, _ in statement_units(cells):
+        node = ast.parse(code).body[0]
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                original = alias.name.rsplit(".", 1)[-1]
+                if alias.asname and alias.asname != original:
+                    found[alias.asname] = original
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            named = value_name(node.value, found)
+            if named and named != node.targets[0].id:
+                found[node.targets[0].id] = named
+            else:
+                found.pop(node.targets[0].id, None)
+    return found
+
+
+def value_name(value, found):
+    """The name that an assigned value stands for (np.tril: "tril"), DYNAMIC for a value made by getattr with a
+    computed name, eval, ...; None for anything else."""
+    if isinstance(value, ast.Attribute):
+        return value.attr
+    if isinstance(value, ast.Name):
+        return found.get(value.id)
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ALIAS_CALLS:
+        attribute = value.args[1] if value.func.id == "getattr" and len(value.args) > 1 else None
+        if isinstance(attribute, ast.Constant) and isinstance(attribute.value, str):
+            return attribute.value
+        return DYNAMIC
+    return None
+
+
+def with_aliases(uses, names):
+    """`uses` and, for each name read that is an alias, a use of the name it stands for."""
+    extra = [Use(use.line, use.column, names[use.token], f"`{use.token}`" if names[use.token] == DYNAMIC else "")
+             for use in uses if use.token in names]
+    return sorted(set(uses) | set(extra))
+
+
 def students_functions(cells, function):
     """[(name, uses)] of the student's `function` and of the student's functions it uses, transitively; [] when
     the notebook binds `function` to no function of theirs."""
-    trees = bindings(cells)
+    trees, names = bindings(cells), aliases(cells)
     found, todo, seen = [], [function], set()
     while todo:
         name = todo.pop(0)
@@ -58,7 +104,7 @@ def students_functions(cells, function):
         if tree is None or id(tree) in seen:
             continue
         seen.add(id(tree))
-        uses = uses_in_tree(tree)
+        uses = with_aliases(uses_in_tree(tree), names)
         found.append((tree.name if hasattr(tree, "name") else "<lambda>", uses))
         todo.extend(use.token for use in uses if use.token.isidentifier() and trees.get(use.token) is not None)
     return found

@@ -265,12 +265,30 @@ def learners_functions(fn):
             continue
         seen.add(id(function))
         uses = uses_of_function(function)
+        uses = sorted(set(uses) | set(renamed_uses(function, uses, fn.__globals__)))
         found.append((function.__name__, uses))
         for use in uses:
             helper = resolved(function, use.token)
             if isinstance(helper, types.FunctionType) and helper.__globals__ is fn.__globals__:
                 todo.append(helper)
     return found
+
+
+def renamed_uses(function, uses, learners_globals):
+    """The `Use`s of what a name read by `function` was imported or assigned as: `lower` after
+    `from numpy import tril as lower` also uses `tril`; a module alias, its last name (`rope_scaling`)."""
+    renamed = []
+    for use in uses:
+        value = resolved(function, use.token)
+        if isinstance(value, types.FunctionType) and value.__globals__ is learners_globals:
+            continue  # a function of the learner's: read as a helper
+        if isinstance(value, types.ModuleType):
+            name = value.__name__.rsplit(".", 1)[-1]
+        else:
+            name = getattr(value, "__name__", None) if callable(value) else None
+        if isinstance(name, str) and name != use.token:
+            renamed.append(Use(use.line, use.column, name))
+    return renamed
 
 
 def resolved(function, name):
@@ -297,7 +315,7 @@ def broken_rule_of(exercise, rules, fn):
 # Rules that several exercises state ------------------------------------------------------------------------------
 
 PRODUCTS = ("@", "matmul", "dot", "tensordot", "inner", "vdot")  # the products other than np.einsum
-TRANSPOSES = ("reshape", "transpose", "swapaxes", "moveaxis", "rollaxis", "T", "mT", "permute_dims",
+TRANSPOSES = ("reshape", "transpose", "swapaxes", "moveaxis", "rollaxis", "T", "mT", "permute_dims", "as_strided",
               "matrix_transpose", ".shape =")  # what reorders or reshapes an array's axes
 TRIANGLES = ("tril", "triu", "tri", "tril_indices", "triu_indices", "tril_indices_from", "triu_indices_from")
 

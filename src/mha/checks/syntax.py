@@ -30,7 +30,8 @@ from dataclasses import dataclass
 DYNAMIC = "dynamic"  # the token of a name the check cannot read (getattr with a computed name, eval, ...)
 DYNAMIC_CALLS = ("eval", "exec", "compile", "__import__", "vars")
 ORDERINGS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
-SHOWN = {"@": "the operator `@`", "loop": "a loop (for or while)", "comprehension": "a comprehension", "[] =": "an assignment to an item or slice (`table[...] = ...`)",
+SHOWN = {"@": "the operator `@`", "loop": "a loop (for or while)", "comprehension": "a comprehension",
+         "[] =": "an assignment to an item or slice (`table[...] = ...`)",
          "<": "an ordering comparison (<, <=, > or >=)"}
 
 

@@ -151,6 +151,20 @@ def run(name, fn, seed):
     return printed.getvalue().strip()
 
 
+def hint_of(message):
+    """The hint of a failure message ("" when it has none)."""
+    return message.split("\n  hint: ")[1].split("\n")[0] if "\n  hint: " in message else ""
+
+
+def assert_trap_fails_on_its_case(name, fn, hint, case, failures=None):
+    """A learner's wrong `fn` fails check_<name> on every seed, always on the named case `case`, the first
+    failure with a hint holding `hint`. `failures(name, fn)`: the messages (failures_on_every_seed by default)."""
+    messages = (failures or failures_on_every_seed)(name, fn)
+    assert hint in hint_of(messages[0]), messages[0]
+    for message in messages:
+        assert f"on the case '{case}" in message, message
+
+
 def failures_on_every_seed(name, fn, seeds=SEEDS):
     """The messages of check_<name>(fn) on `seeds`; fails the test if any seed lets fn pass."""
     import pytest

@@ -25,11 +25,6 @@ def failures_on_every_seed_hinted_on_the_first(name, fn, monkeypatch):
         return first + failures_on_every_seed(name, fn, seeds=SEEDS[1:])
 
 
-def hint_of(message):
-    """The hint of a failure message ("" when it has none)."""
-    return message.split("\n  hint: ")[1].split("\n")[0] if "\n  hint: " in message else ""
-
-
 # Right solutions written from scratch: NumPy only (or the library functions the text permits), float32
 # kept float32 (a Python float, d ** 0.5, never np.sqrt's float64 scalar) -----------------------------
 

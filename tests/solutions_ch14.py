@@ -18,11 +18,6 @@ FILTERS = CHAPTER_14[:3]
 BOUNDARY, TINY, LARGE = "the boundary reached exactly", "p = 1e-20", "logits of about 1000"  # top-p's named traps
 
 
-def hint_of(message):
-    """The hint of a failure message ("" when it has none)."""
-    return message.split("\n  hint: ")[1].split("\n")[0] if "\n  hint: " in message else ""
-
-
 def all_cases(name, seeds=SEEDS):
     """The named cases of check_<name>, then the random ones of every seed."""
     check = CHECKS[name]

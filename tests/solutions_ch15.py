@@ -36,11 +36,6 @@ def failures_on_every_seed(name, fn, seeds=SEEDS):
     return messages
 
 
-def hint_of(message):
-    """The hint of a failure message ("" when it has none)."""
-    return message.split("\n  hint: ")[1].split("\n")[0] if "\n  hint: " in message else ""
-
-
 def labelled(name, words):
     return next(case for case in CHECKS[name].named_cases(0) if words in case.label)
 

@@ -8,8 +8,8 @@ tests/test_checks_cases_ch15.py; what each exercise may call: tests/test_checks_
 import numpy as np
 import pytest
 
-from learners import SEEDS
-from solutions_ch15 import (CHAPTER_15, FROM_SCRATCH, RANKS_15, all_cases, failures_on_every_seed, hint_of, labelled,
+from learners import SEEDS, assert_trap_fails_on_its_case, hint_of
+from solutions_ch15 import (CHAPTER_15, FROM_SCRATCH, RANKS_15, all_cases, failures_on_every_seed, labelled,
                             merge_partials, name_of, run)
 
 import mha.numpy as mnp
@@ -181,10 +181,7 @@ TRAPPED = [
 
 @pytest.mark.parametrize("name,fn,hint,case", TRAPPED, ids=[f"{n}-{fn.__name__}" for n, fn, _, _ in TRAPPED])
 def test_a_trap_fails_on_its_named_case_on_every_seed_with_its_hint(name, fn, hint, case):
-    messages = failures_on_every_seed(name, fn)
-    assert hint in hint_of(messages[0]), messages[0]
-    for message in messages:
-        assert f"on the case '{case}" in message, message
+    assert_trap_fails_on_its_case(name, fn, hint, case, failures_on_every_seed)
 
 
 def test_sharding_six_heads_over_four_ranks_must_raise():

@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from learners import failures_on_every_seed
+from learners import failures_on_every_seed, hint_of
 from solutions_ch07_12 import (attention_in_chunks, cache_step_with, decoder_block_with,
-                               failures_on_every_seed_hinted_on_the_first, hint_of, sinusoidal_positions)
+                               failures_on_every_seed_hinted_on_the_first, sinusoidal_positions)
 
 
 # Wrong solutions, as learners write them ---------------------------------------------------------------

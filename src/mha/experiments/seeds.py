@@ -15,6 +15,11 @@ registered with `@sweep`:
 the stored table (`column`, `spread`); a claims test asserts the chapter's sentence over every
 seed of it, and re-derives one stored row (`rederive`), which must agree within the sweep's
 `tolerance` on any machine: training amplifies rounding, so claims are compared, not digits.
+
+A claim true on the table's seeds may still be false on the next one. Each sweep therefore names
+`held_out` seeds, never stored: the claims test runs them here (`held_out_rows`) and asserts the
+chapter's sentences on them too, so a claim holds beyond the seeds it was written from (its margin,
+not its digits, must carry it there).
 """
 
 import importlib
@@ -39,20 +44,25 @@ class Sweep:
     seeds: tuple
     tolerance: float  # the largest difference a re-derived row may show on another machine
     module: str  # where `run` lives, so that a worker process can import it
+    held_out: tuple = ()  # seeds never stored: the claims test runs them and asserts the claims on them
 
 
-def sweep(name, *, seeds, tolerance):
-    """Register `fn(seed) -> dict` as the sweep `name` over `seeds` (at least MIN_SEEDS of them)."""
+def sweep(name, *, seeds, tolerance, held_out=()):
+    """Register `fn(seed) -> dict` as the sweep `name` over `seeds` (at least MIN_SEEDS of them), with
+    `held_out` seeds (none of `seeds`) on which the claims test checks the chapter's sentences again."""
     seeds = tuple(int(s) for s in seeds)
+    held_out = tuple(int(s) for s in held_out)
     if len(seeds) < MIN_SEEDS:
         raise ValueError(f"sweep {name!r} has {len(seeds)} seeds; a claim needs at least {MIN_SEEDS}")
     if not tolerance > 0:
         raise ValueError(f"sweep {name!r}: tolerance must be positive, got {tolerance!r}")
+    if set(held_out) & set(seeds):
+        raise ValueError(f"sweep {name!r}: held-out seeds {sorted(set(held_out) & set(seeds))} are in the table's seeds")
 
     def register(fn):
         if name in SWEEPS and SWEEPS[name].run.__qualname__ != fn.__qualname__:
             raise ValueError(f"two sweeps are named {name!r}: {SWEEPS[name].module} and {fn.__module__}")
-        SWEEPS[name] = Sweep(name, fn, seeds, float(tolerance), fn.__module__)
+        SWEEPS[name] = Sweep(name, fn, seeds, float(tolerance), fn.__module__, held_out)
         return fn
     return register
 
@@ -121,3 +131,16 @@ def rederive(name, seed=None):
         raise ValueError(f"sweep {name!r} now returns {sorted(fresh)}, the table stores {sorted(row)}")
     gap = max(float(np.max(np.abs(np.subtract(fresh[k], row[k])))) for k in row if k != "seed")
     return row, fresh, gap
+
+
+def held_out_rows(name):
+    """The rows of a sweep's held-out seeds, computed here (never stored): [{"seed": s, ...}, ...]."""
+    held_out = get_sweep(name).held_out
+    if not held_out:
+        raise ValueError(f"sweep {name!r} names no held-out seeds: give @sweep(..., held_out=(...))")
+    return [run_row(name, seed) for seed in held_out]
+
+
+def held_out_column(name, key):
+    """One value over the held-out seeds, computed here: (n_held_out,) or (n_held_out, ...)."""
+    return np.array([row[key] for row in held_out_rows(name)], dtype=float)

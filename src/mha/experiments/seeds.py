@@ -133,12 +133,18 @@ def rederive(name, seed=None):
     return row, fresh, gap
 
 
+_HELD_OUT = {}  # name -> its held-out rows, computed once per process
+
+
 def held_out_rows(name):
-    """The rows of a sweep's held-out seeds, computed here (never stored): [{"seed": s, ...}, ...]."""
+    """The rows of a sweep's held-out seeds, computed here once per process (never stored):
+    [{"seed": s, ...}, ...]."""
     held_out = get_sweep(name).held_out
     if not held_out:
         raise ValueError(f"sweep {name!r} names no held-out seeds: give @sweep(..., held_out=(...))")
-    return [run_row(name, seed) for seed in held_out]
+    if name not in _HELD_OUT:
+        _HELD_OUT[name] = [run_row(name, seed) for seed in held_out]
+    return [dict(row) for row in _HELD_OUT[name]]
 
 
 def held_out_column(name, key):

@@ -65,12 +65,18 @@ SIZES = dict(batch=2, seq_len=16, d_model=32, n_heads=8, n_kv_heads=2, d_head=4)
 
 
 def test_payload_per_layer_by_hand():
-    """P = 4: tensor 2*16*32 = 1024 each way; Ulysses 2*4*4*(16 + 4) = 640 each way; ring: a block of k and v
-    is 2*2*2*4*4 = 128 elements, 3 sends forward, 3 + 4 backward."""
+    """P = 4: tensor 2*16*32 = 1024 each way; Ulysses: h_kv = 2 < P, so k and v are repeated to 4 heads first,
+    2*4*4*(16 + 8) = 768 each way (not 2*4*4*(16 + 4) = 640); ring: a block of k and v is 2*2*2*4*4 = 128
+    elements, 3 sends forward, 3 + 4 backward."""
     assert mnp.payload_per_layer("tensor", world_size=4, **SIZES) == {"forward": {"all_reduce": 1024},
                                                                       "backward": {"all_reduce": 1024}}
-    assert mnp.payload_per_layer("ulysses", world_size=4, **SIZES) == {"forward": {"all_to_all": 640},
-                                                                       "backward": {"all_to_all": 640}}
+    assert mnp.payload_per_layer("ulysses", world_size=4, **SIZES) == {"forward": {"all_to_all": 768},
+                                                                       "backward": {"all_to_all": 768}}
+    for h_kv, moved in ((8, 8), (4, 4), (1, 4)):  # P divides h_kv: h_kv heads move; else P copies
+        sizes = {**SIZES, "n_kv_heads": h_kv}
+        assert mnp.payload_per_layer("ulysses", world_size=4, **sizes)["forward"] == {"all_to_all": 32 * (16 + 2 * moved)}
+    issue = dict(batch=2, seq_len=48, d_model=96, n_heads=8, n_kv_heads=2, d_head=12)  # P = 4, h = 8, h_kv = 2
+    assert mnp.payload_per_layer("ulysses", world_size=4, **issue)["forward"]["all_to_all"] == 6912
     assert mnp.payload_per_layer("ring", world_size=4, **SIZES) == {"forward": {"send": 384},
                                                                     "backward": {"send": 896}}
     in_bytes = mnp.payload_per_layer("ring", world_size=4, bytes_per_element=2, **SIZES)

@@ -362,7 +362,8 @@ def payload_per_layer(scheme, *, world_size, batch, seq_len, d_model, n_heads, n
 
     n counts elements, or bytes when bytes_per_element is given. It is the payload a wrapper sees,
     not the wire (see `wire_bytes`). "tensor": one all-reduce of B*T*d each way. "ulysses": all-to-alls
-    of q, k, v and out, B*(T/P)*d_head*(2h + 2h_kv), each way. "ring": forward, P - 1 sends of k and v,
+    of q, k, v and out, B*(T/P)*d_head*(2h + 2m), each way, with m = h_kv when P divides h_kv, else m = P
+    (the key/value heads are repeated to one per rank first). "ring": forward, P - 1 sends of k and v,
     (P - 1) * 2*B*h_kv*(T/P)*d_head; backward, k and v travel again and their gradients dk, dv travel
     P steps to return home: (2 (P - 1) + 1) times that block (nothing at P = 1).
     """
@@ -374,7 +375,8 @@ def payload_per_layer(scheme, *, world_size, batch, seq_len, d_model, n_heads, n
     if scheme == "tensor":
         forward = backward = {"all_reduce": B * T * d}
     elif scheme == "ulysses":
-        forward = backward = {"all_to_all": B * (T // P) * d_head * (2 * h + 2 * h_kv)}
+        moved = h_kv if h_kv % P == 0 else P  # P = 4, h_kv = 2: k and v go out as 4 heads, one per rank
+        forward = backward = {"all_to_all": B * (T // P) * d_head * (2 * h + 2 * moved)}
     else:
         block = 2 * B * h_kv * (T // P) * d_head  # k and v of one rank's T/P positions
         home = block if P > 1 else 0  # one rank alone keeps its gradients: nothing to bring home

@@ -1,7 +1,8 @@
 """What splitting attention across devices costs: compute against communication (chapter 15).
 
 A cost model on paper, pure Python: no process is started and nothing is timed. For one
-Transformer layer, forward pass, it counts the floating-point operations (FLOPs) each of P
+Transformer layer, in a training step (forward, backward, and the weight gradients' all-reduce)
+or in the forward pass alone, it counts the floating-point operations (FLOPs) each of P
 devices computes and the bytes each puts on the wire, then turns both into seconds with a
 GPU's peak speed and a link's bandwidth. The ratio of the two says whether communication
 can hide behind the compute (ratio < 1) or dominates it (ratio > 1).
@@ -101,6 +102,7 @@ CONSTANTS = {
                                           "cite": INFINIBAND_NDR.cite},
     "bytes per BF16 element": {"value": BF16_BYTES, "unit": "B", "cite": None},  # 16 bits, by definition
     "ring all-reduce: wire / payload per rank": {"value": "2(P-1)/P", "unit": "", "cite": "patarasuk2009bandwidth"},
+    "training step / forward FLOPs": {"value": 3, "unit": "", "cite": "kaplan2020scaling"},  # backward = 2 forwards
 }
 
 
@@ -143,6 +145,13 @@ def layer_flops(model, batch, seq_len, causal=True):
     return projections + attention + feed_forward
 
 
+def layer_weights(model):
+    """The weights of one layer's matrices: W_Q, W_O (d x h d_head), W_K, W_V (d x h_kv d_head) and
+    SwiGLU's three d x d_ff matrices (the norms' 2d weights left out)."""
+    m = as_model(model)
+    return 2 * m.d_model * (m.n_heads + m.n_kv_heads) * m.d_head + 3 * m.d_model * m.d_ff
+
+
 def kv_heads_per_rank(model, P):
     """Key/value heads each rank holds when the heads are split over P ranks (tensor, Ulysses).
 
@@ -181,25 +190,38 @@ def check_world_size(model, scheme, P, seq_len):
     return P
 
 
-def wire_elements_per_layer(model, scheme, P, batch, seq_len):
-    """Elements one rank puts on the wire in one layer's forward pass (see wire_bytes_per_layer)."""
+PARTS = ("forward", "backward", "gradients")
+
+
+def wire_elements_per_layer(model, scheme, P, batch, seq_len, part="forward"):
+    """Elements one rank puts on the wire in one layer, in one part of a training step (see wire_bytes_per_layer)."""
     m = as_model(model)
     P = check_world_size(m, scheme, P, seq_len)
     B, T = validate.check_int("batch", batch), seq_len
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {PARTS}, got {part!r}")
+    if part == "gradients":
+        if scheme != "tensor":  # every rank holds every weight: one all-reduce of all their gradients
+            return layer_weights(m) * 2 * (P - 1) / P
+        copies = P // m.n_kv_heads if P > m.n_kv_heads else 1  # replicas of one key/value head
+        return 2 * m.d_model * m.d_head * 2 * (copies - 1) / copies  # its W_K, W_V columns, among the copies
     if scheme == "tensor":  # two all-reduces of (B, T, d): after attention, after the feed-forward
         payload = 2 * B * T * m.d_model
-        return payload * 2 * (P - 1) / P
-    if scheme == "ulysses":  # all-to-all of q, k, v (there) and of the output (back)
+        return payload * 2 * (P - 1) / P  # the backward: the same two, for the gradient of the input
+    if scheme == "ulysses":  # all-to-all of q, k, v (there) and of the output (back); the backward the same
         kv_heads = kv_heads_per_rank(m, P) * P  # h_kv, or P replicas when P > h_kv
         payload = B * (T // P) * m.d_head * (2 * m.n_heads + 2 * kv_heads)
         return payload * (P - 1) / P
-    # ring: P - 1 steps, each sends this rank's current k and v block of T/P positions
-    return (P - 1) * 2 * B * m.n_kv_heads * (T // P) * m.d_head
+    # ring: forward, P - 1 steps, each sends this rank's current k and v block of T/P positions;
+    # backward, the blocks go round again (P - 1) and their gradients dk, dv travel P steps home
+    block = 2 * B * m.n_kv_heads * (T // P) * m.d_head
+    return (P - 1) * block if part == "forward" else (2 * P - 1) * block
 
 
-def wire_bytes_per_layer(model, scheme, P, batch, seq_len, bytes_per_element=BF16_BYTES):
-    """Bytes one rank puts on the wire in one layer's forward pass, under `scheme` on P ranks.
+def wire_bytes_per_layer(model, scheme, P, batch, seq_len, bytes_per_element=BF16_BYTES, part="forward"):
+    """Bytes one rank puts on the wire in one layer, under `scheme` on P ranks, in one `part` of a step.
 
+    part="forward", the forward pass:
     - "tensor" (heads split, Megatron-LM [shoeybi2019megatron]): two all-reduces of the
       (B, T, d) partial outputs, one after attention, one after the feed-forward:
       2 B T d x 2(P - 1)/P elements.
@@ -210,22 +232,27 @@ def wire_bytes_per_layer(model, scheme, P, batch, seq_len, bytes_per_element=BF1
     - "ring" (ring attention [liu2023ring]): P - 1 steps, each passing a k and a v block of
       T/P positions to the next rank: (P - 1) 2 B h_kv (T/P) d_head, whatever the split of the
       sequence (contiguous or zigzag) and the mask.
+    part="backward": tensor and Ulysses the same again; the ring 2P - 1 blocks (4P - 2 tensors
+    against the forward's 2(P - 1)): k and v go round again, and dk, dv travel P steps home.
+    part="gradients": the all-reduce of the weights' gradients, once per step. Ulysses and the
+    ring keep every weight on every rank: all of `layer_weights` x 2(P - 1)/P. Tensor parallelism
+    splits the weights: only the W_K, W_V columns of a key/value head copied on P/h_kv ranks.
     When P > h_kv, tensor parallelism gives each rank a replica of one key/value head (no
     extra traffic: its all-reduces carry (B, T, d) whatever the kv heads), and so does
     Ulysses, whose all-to-all then carries P key/value heads instead of h_kv.
     Megatron's sequence parallelism [korthikanti2022reducing] turns each all-reduce of
     "tensor" into a reduce-scatter and an all-gather, (P - 1)/P each: the same wire bytes.
-    Forward only; the backward moves about as much again.
     """
     if isinstance(bytes_per_element, bool) or not isinstance(bytes_per_element, numbers.Real) \
             or not bytes_per_element > 0:
         raise ValueError(f"bytes_per_element must be a number > 0, got {bytes_per_element!r}")
-    return wire_elements_per_layer(model, scheme, P, batch, seq_len) * bytes_per_element
+    return wire_elements_per_layer(model, scheme, P, batch, seq_len, part) * bytes_per_element
 
 
 @dataclass(frozen=True)
 class LayerTimes:
-    """One layer's forward pass on one of P ranks: compute and communication, in seconds."""
+    """One layer on one of P ranks, a training step or a forward pass: compute and communication, in seconds.
+    comm_s includes gradient_s, the weight gradients' all-reduce (0 for a forward pass)."""
 
     model: str
     scheme: str
@@ -233,6 +260,8 @@ class LayerTimes:
     P: int
     compute_s: float
     comm_s: float
+    gradient_s: float = 0.0
+    training: bool = True
 
     @property
     def ratio(self):
@@ -240,21 +269,27 @@ class LayerTimes:
         return self.comm_s / self.compute_s
 
 
-def layer_times(model, scheme, P, link, batch=1, seq_len=4096, gpu=GPU, causal=True):
-    """Seconds one rank spends computing and communicating in one layer's forward pass.
+def layer_times(model, scheme, P, link, batch=1, seq_len=4096, gpu=GPU, causal=True, training=True):
+    """Seconds one rank spends computing and communicating in one layer: a training step (forward,
+    backward, gradients' all-reduce), or with training=False the forward pass alone.
 
     compute: layer_flops / P / the GPU's peak, an ideal even split at peak speed (it leaves
-    out the key/value projections that replicas repeat when P > h_kv, and assumes the zigzag
-    split that balances causal ring attention [dubey2024llama3; brandon2023striped]);
-    communication: wire_bytes_per_layer / the link's bandwidth in one direction, with no
-    latency and no overlap with the compute.
+    out the key/value projections that replicas repeat when P > h_kv, and assumes a split that
+    balances causal ring attention, as the zigzag one does [dubey2024llama3]), times 3 in a
+    training step: the backward computes the gradients of the inputs and of the weights, each
+    about as much as the forward [kaplan2020scaling]. communication: wire_bytes_per_layer of
+    each part / the link's bandwidth in one direction, with no latency and no overlap.
     """
     m, lk = as_model(model), as_link(link)
     if not isinstance(gpu, Gpu):
         raise TypeError(f"gpu must be a Gpu, got {type(gpu).__name__}")
-    wire = wire_bytes_per_layer(m, scheme, P, batch, seq_len)
-    compute = layer_flops(m, batch, seq_len, causal) / P / gpu.flops_per_s
-    return LayerTimes(m.name, scheme, lk.name, P, compute_s=compute, comm_s=wire / lk.bytes_per_s)
+    if not isinstance(training, bool):
+        raise TypeError(f"training must be True or False, got {type(training).__name__} {training!r}")
+    parts = PARTS if training else ("forward",)
+    wire = {part: wire_bytes_per_layer(m, scheme, P, batch, seq_len, part=part) for part in parts}
+    compute = layer_flops(m, batch, seq_len, causal) * (3 if training else 1) / P / gpu.flops_per_s
+    return LayerTimes(m.name, scheme, lk.name, P, compute_s=compute, comm_s=sum(wire.values()) / lk.bytes_per_s,
+                      gradient_s=wire.get("gradients", 0.0) / lk.bytes_per_s, training=training)
 
 
 def valid_world_sizes(model, scheme, seq_len, P_range=range(2, 65)):
@@ -270,15 +305,15 @@ def valid_world_sizes(model, scheme, seq_len, P_range=range(2, 65)):
 
 
 def cost_table(models=tuple(MODELS), links=tuple(LINKS), schemes=SCHEMES, P_range=range(2, 65),
-               batch=1, seq_len=None):
+               batch=1, seq_len=None, training=True):
     """LayerTimes for every model, link, scheme and every valid P of P_range (seq_len: each
-    model's context by default), in that order."""
+    model's context by default), in that order; a training step, or the forward pass alone."""
     rows = []
     for model in map(as_model, models):
         T = model.context if seq_len is None else seq_len
         for link in links:
             for scheme in schemes:
-                rows += [layer_times(model, scheme, P, link, batch, T)
+                rows += [layer_times(model, scheme, P, link, batch, T, training=training)
                          for P in valid_world_sizes(model, scheme, T, P_range)]
     return rows
 
@@ -290,3 +325,19 @@ def first_crossing(rows, model, scheme, link):
     hits = [r.P for r in rows if (r.model, r.scheme, r.link) == (m, scheme, lk) and r.ratio >= 1]
     return min(hits) if hits else None
 
+
+
+def batch_to_hide(model, scheme, P, link, seq_len=None, largest=4096, training=True):
+    """The fewest sequences B per step (1 .. largest) for which one rank's communication takes less
+    time than its compute, or None. The compute and the activations' traffic grow with B; the
+    weight gradients' all-reduce is paid once per step, whatever B, so more tokens per step hide it."""
+    m = as_model(model)
+    T = m.context if seq_len is None else seq_len
+    largest = validate.check_int("largest", largest)
+    if layer_times(m, scheme, P, link, largest, T, training=training).ratio >= 1:
+        return None
+    low, high = 0, largest  # the ratio falls as B grows: ratio(high) < 1, and B = low is not enough (or 0)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if layer_times(m, scheme, P, link, mid, T, training=training).ratio < 1 else (mid, high)
+    return high

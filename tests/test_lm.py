@@ -258,3 +258,81 @@ def test_bad_inputs_are_named():
         mt.TransformerLM({"vocab_size": 4})
     with pytest.raises(ValueError, match="norm_placement must be one of"):
         mt.LMConfig(vocab_size=4, d_model=8, n_layers=1, d_ff=8, attention={"n_heads": 2}, norm_placement="middle")
+
+
+def test_gemma_3_ignores_the_attention_soft_cap_as_transformers_does():
+    """Gemma3TextConfig keeps attn_logit_softcapping, but transformers' Gemma3Attention never applies it: the
+    copy must not either (it once did, 1.7e-3 away at cap 30). Gemma 2's attention does apply it."""
+    for family, cap in (("gemma3", 5.0), ("gemma2", 5.0)):
+        config = FAMILIES[family]()
+        config.attn_logit_softcapping = cap
+        config._attn_implementation = "eager"
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.normal_(0.0, 0.3)
+        model.eval()
+        ours = mt.from_transformers(model)
+        assert [block.attention.logit_cap for block in ours.blocks] == [None if family == "gemma3" else cap] * 2
+        tokens, mask = padded_batch()
+        with torch.no_grad():
+            expected, got = model(tokens, attention_mask=mask).logits, ours(tokens, mask)
+        real = mask.bool()
+        assert (got - expected)[real].abs().max() <= 1e-5 * expected[real].abs().max(), family
+
+
+@pytest.mark.parametrize("family,fields", [
+    ("gpt2", dict(attn_pdrop=0.1, resid_pdrop=0.1, embd_pdrop=0.1)), ("llama", dict(attention_dropout=0.1))],
+    ids=["gpt2 defaults", "llama attention_dropout"])
+def test_a_model_with_dropout_copies_for_inference_and_refuses_train_by_name(family, fields):
+    """The copy computes without dropout: in train() mode it would differ from transformers (0.42-0.54 away
+    for GPT-2's three default dropouts of 0.1), so train() is refused, naming the fields, and eval() works."""
+    config = FAMILIES[family]()
+    for name, value in fields.items():
+        setattr(config, name, value)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    for name in fields:
+        with pytest.raises(ValueError, match=f"{name}=0.1"):
+            mt.from_transformers(model.train())
+    ours = mt.from_transformers(model.eval())
+    assert not ours.training
+    with pytest.raises(ValueError, match="dropout"):
+        ours.train()
+    ours.eval()  # eval() stays allowed
+
+
+def test_a_model_without_dropout_copies_in_train_mode_and_trains():
+    """Dropouts of 0: train() is fine, and the logits in train mode equal transformers' in train mode."""
+    config = FAMILIES["gpt2"]()
+    config.attn_pdrop = config.resid_pdrop = config.embd_pdrop = 0.0
+    config._attn_implementation = "eager"
+    model = transformers.GPT2LMHeadModel(config).train()
+    ours = mt.from_transformers(model)
+    assert ours.training
+    tokens, _ = padded_batch()
+    torch.testing.assert_close(ours(tokens), model(tokens).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_an_lm_head_with_a_bias_is_refused_by_name():
+    model = hf_model("llama")
+    head = model.lm_head
+    model.lm_head = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with pytest.raises(ValueError, match="lm_head with a bias"):
+        mt.from_transformers(model)
+
+
+def test_padding_idx_is_copied_and_the_pad_row_gets_no_gradient():
+    """Llama's embed_tokens has padding_idx = pad_token_id: its row gets no gradient, in theirs and in ours."""
+    model = hf_model("llama")
+    ours = mt.from_transformers(model)
+    assert model.get_input_embeddings().padding_idx == 0 and ours.embedding.padding_idx == 0
+    assert mt.from_transformers(hf_model("gpt2")).embedding.padding_idx is None  # GPT-2's wte has none
+    tokens, _ = padded_batch()  # the first sequence starts with three pad tokens, id 0
+    ours.train()
+    model.train()
+    ours(tokens).square().mean().backward()
+    model(tokens).logits.square().mean().backward()
+    theirs = model.get_input_embeddings().weight.grad
+    assert ours.embedding.weight.grad[0].abs().max() == 0 and theirs[0].abs().max() == 0
+    torch.testing.assert_close(ours.embedding.weight.grad, theirs, rtol=1e-4, atol=1e-6)

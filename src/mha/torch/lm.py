@@ -48,6 +48,7 @@ class LMConfig:
     max_positions: rows of a learned position table (GPT-2), or None (RoPE carries positions).
     embedding_scale: None, or the factor on the embeddings (Gemma: sqrt(d_model)).
     final_logit_cap: None, or Gemma 2's soft cap on the logits.
+    padding_idx: None, or the token id whose embedding row gets no gradient (nn.Embedding's padding_idx).
     """
 
     vocab_size: int
@@ -65,6 +66,7 @@ class LMConfig:
     tie_embeddings: bool = True
     embedding_scale: float = None
     final_logit_cap: float = None
+    padding_idx: int = None
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "d_ff"):
@@ -145,13 +147,23 @@ class TransformerLM(nn.Module):
             raise TypeError(f"config must be a mha.torch.LMConfig, got {type(config).__name__}")
         self.config = config
         options = dict(device=device, dtype=dtype)
-        self.embedding = nn.Embedding(config.vocab_size, config.d_model, **options)
+        self.embedding = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.padding_idx, **options)
+        self.refused_dropout = []  # a copied model's dropout, not computed here: train() refuses it
         self.positions = None if config.max_positions is None else \
             nn.Embedding(config.max_positions, config.d_model, **options)
         self.blocks = nn.ModuleList(LMBlock(config, i, **options) for i in range(config.n_layers))
         self.norm = make_norm(config, **options)
         self.output = None if config.tie_embeddings else \
             nn.Linear(config.d_model, config.vocab_size, bias=False, **options)
+
+    def train(self, mode=True):
+        """As nn.Module's; but a copy of a model with dropout (`from_transformers`) refuses training mode: it
+        computes without dropout, and would be silently different from the model it copies."""
+        if mode and self.refused_dropout:
+            raise ValueError(f"cannot train this copy: the model it copies has dropout "
+                             f"({', '.join(self.refused_dropout)}), which TransformerLM does not compute. Use eval(), "
+                             f"or copy a model whose config sets them to 0")
+        return super().train(mode)
 
     @property
     def n_heads(self):
@@ -247,13 +259,16 @@ def from_transformers(model):
     One path for every family (`mha.torch.hf`): the configuration is read into an LMConfig, each
     attention layer as `GroupedQueryAttention.from_llama` reads it; the model is built from it once,
     and every tensor is copied into the module made for it. A config field that changes the answer and
-    that nothing here computes is refused with a ValueError naming it."""
+    that nothing here computes is refused with a ValueError naming it. The copy computes without dropout:
+    where the model has some (GPT-2's three default to 0.1), the copy refuses train(), naming them."""
     kind = hf_families.family_of(model)  # a ValueError for any other model
     config = LMConfig(**hf_configuration.lm_arguments(model, kind))
     weight = model.lm_head.weight
     ours = TransformerLM(config, device=weight.device, dtype=weight.dtype)
     hf_weights.copy_model(ours, model, kind)
+    ours.refused_dropout = hf_configuration.dropouts(model.config)  # train() names them
     return ours.train(model.training)
+
 
 def numpy(parameter):
     return parameter.detach().cpu().numpy()

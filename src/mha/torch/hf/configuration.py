@@ -10,7 +10,10 @@ activation; and the whole model's sizes, norms, tied embeddings and final soft-c
 Refused with a `ValueError` naming the feature, the config's `model_type` and the layer's class:
 anything else that changes the answer (OLMo 1's clip_qkv, GPT-OSS's sinks, GLM's partial
 rotary factor, a RoPE type we do not compute, an RMSNorm of a kind we do not know, an activation
-other than SiLU or GELU's tanh form, the config fields of `REFUSED_FIELDS`). Both config layouts of
+other than SiLU or GELU's tanh form, the config fields of `REFUSED_FIELDS`, an lm_head with a bias).
+Gemma 3's config keeps attn_logit_softcapping, which its attention never applies: the copy applies
+none either. The copy computes without dropout: `dropouts` names the config's, and a copy of a model
+that has some refuses train() (`TransformerLM.train`). Both config layouts of
 the `pretrained` extra are read: transformers 5 (`rope_parameters`, one dict per layer type where the
 types differ) and transformers 4.56 or newer (`rope_theta` and `rope_scaling`; Gemma 3's
 `rope_local_base_freq` for its sliding layers).
@@ -35,6 +38,12 @@ REFUSED_FIELDS = {
     "use_bidirectional_attention": False,  # Gemma 3's encoder use
     "clip_qkv": None,  # OLMo 1
 }
+# Attention layers whose config holds attn_logit_softcapping that transformers never applies: Gemma 3 keeps
+# the field, but Gemma3Attention passes no softcap to its attention function, so the copy applies none either.
+IGNORED_SOFT_CAP = {"Gemma3Attention"}
+IGNORED_SOFT_CAP_TYPES = {"gemma3", "gemma3_text"}
+# Dropout fields of the families' configs: the copy computes without dropout, so train() is refused where one is set.
+DROPOUT_FIELDS = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout")
 
 # The refusal -------------------------------------------------------------------------------------------
 
@@ -171,8 +180,7 @@ def attention_options(attention, rope_base):
         refuse(attention, found)
     config = getattr(attention, "config", None)
     options = {"sliding_window": sliding_window(attention), "scale": scale_of(attention, config),
-               "logit_cap": getattr(attention, "attn_logit_softcapping", getattr(config, "attn_logit_softcapping",
-                                                                                  None))}
+               "logit_cap": logit_cap_of(attention, config)}
     q_norm = getattr(attention, "q_norm", None)
     if q_norm is not None:
         norm = rms_norm_options(q_norm, attention)
@@ -186,6 +194,14 @@ def attention_options(attention, rope_base):
             raise ValueError(f"the {type(attention).__name__} config has rope_theta={theta} for this layer but "
                              f"rope_base={rope_base}: pass rope_base={theta}")
     return options
+
+
+def logit_cap_of(attention, config):
+    """The cap on the scores that the layer applies (Gemma 2's attn_logit_softcapping), or None. Gemma 3's
+    config keeps the field but its attention ignores it (IGNORED_SOFT_CAP): so does the copy."""
+    if type(attention).__name__ in IGNORED_SOFT_CAP or getattr(config, "model_type", None) in IGNORED_SOFT_CAP_TYPES:
+        return None
+    return getattr(attention, "attn_logit_softcapping", getattr(config, "attn_logit_softcapping", None))
 
 
 def scale_of(attention, config):
@@ -218,8 +234,16 @@ def check_fields(model, config):
     if getattr(config, "model_type", None) == "gpt2" and config.activation_function not in ("gelu_new",
                                                                                             "gelu_pytorch_tanh"):
         found.append(f"activation_function={config.activation_function!r} (GPT-2's MLP is computed with tanh GELU)")
+    if getattr(getattr(model, "lm_head", None), "bias", None) is not None:
+        found.append("an lm_head with a bias (the output layer here has none)")
     if found:
         refuse(model, found)
+
+
+def dropouts(config):
+    """The config's dropout fields that are set, as 'name=p' (empty when none is): the copy computes without
+    dropout, so in train() mode it would differ from the model; `TransformerLM.train` refuses then."""
+    return [f"{name}={getattr(config, name)!r}" for name in DROPOUT_FIELDS if getattr(config, name, None)]
 
 
 def lm_arguments(model, kind):
@@ -229,6 +253,7 @@ def lm_arguments(model, kind):
     check_fields(model, config)
     tied = model.lm_head.weight is model.get_input_embeddings().weight
     common = dict(vocab_size=config.vocab_size, tie_embeddings=tied,
+                  padding_idx=model.get_input_embeddings().padding_idx,
                   norm_placement=families.FAMILIES[kind]["norm_placement"],
                   final_logit_cap=getattr(config, "final_logit_softcapping", None))
     return {**common, **(gpt2_arguments(model) if kind == "gpt2" else decoder_arguments(model, kind))}

@@ -4,8 +4,11 @@
 the cases of CHAPTER_CASES (mha.distributed.equivalence) and returns its errors, payload and
 work. `summarise(results)` turns the ranks' answers into one row per case: the worst relative
 error over ranks and tensors, the payload each rank handed (the same on every rank), the
-formula's payload, and the chunk pairs each rank computed.
+formula's payload, and the chunk pairs each rank computed. `ring_all_reduce_steps` simulates
+the ring all-reduce piece by piece, for the chapter's figure of it.
 """
+
+import numpy as np
 
 import mha.numpy as mnp
 from mha.distributed.equivalence import full_case, run_cases
@@ -67,3 +70,34 @@ def summarise(results):
             "chunk pairs": [r["traffic"]["work"].get("chunk_pairs/forward") for r in by_rank],
         })
     return rows
+
+
+def ring_all_reduce_steps(partials):
+    """The ring all-reduce of P arrays, step by step, as P ranks would run it [patarasuk2009bandwidth].
+
+    Each rank cuts its array into P pieces. At step s = 0 .. 2P - 3, rank r sends its piece (r - s) % P
+    to rank r + 1 (one piece of P per step). Reduce-scatter (s < P - 1): the receiver adds it to its
+    own; afterwards rank r holds the whole sum of piece (r + 1) % P. All-gather (s >= P - 1): the
+    piece sent is a whole sum, and the receiver keeps it. Returns a list of 2P - 1 states, the start
+    first, each {"phase", "sent": [(rank, piece), ...] (what each rank sent to reach this state),
+    "sums": sums[r][k] (the ranks whose piece k rank r's copy adds up, a sorted tuple), "pieces":
+    pieces[r][k] (the arrays)}.
+    """
+    P = len(partials)
+    pieces = [np.array_split(np.asarray(a, dtype=float).ravel(), P) for a in partials]
+    sums = [[(r,) for _ in range(P)] for r in range(P)]
+    states = [{"phase": "start", "sent": [], "sums": [list(row) for row in sums],
+               "pieces": [[x.copy() for x in row] for row in pieces]}]
+    for step in range(2 * (P - 1)):
+        gather = step >= P - 1
+        sent = [(r, (r - step) % P) for r in range(P)]
+        moved = [(pieces[r][k].copy(), sums[r][k]) for r, k in sent]  # every rank sends before any receives
+        for (r, k), (values, who) in zip(sent, moved):
+            to = (r + 1) % P
+            if gather:
+                pieces[to][k], sums[to][k] = values, who
+            else:
+                pieces[to][k], sums[to][k] = pieces[to][k] + values, tuple(sorted(sums[to][k] + who))
+        states.append({"phase": "all-gather" if gather else "reduce-scatter", "sent": sent,
+                       "sums": [list(row) for row in sums], "pieces": [[x.copy() for x in row] for row in pieces]})
+    return states

@@ -341,3 +341,31 @@ def batch_to_hide(model, scheme, P, link, seq_len=None, largest=4096, training=T
         mid = (low + high) // 2
         low, high = (low, mid) if layer_times(m, scheme, P, link, mid, T, training=training).ratio < 1 else (mid, high)
     return high
+
+
+def ring_step_times(model, P, link, batch=1, seq_len=None, gpu=GPU, causal=True):
+    """(compute_s, transfer_s) of one step of ring attention's forward pass on one rank: the attention of its
+    T/P queries on one block of T/P keys, 4 B h (T/P)^2 d_head FLOPs, halved under a causal mask (on average,
+    with a balanced split), against one key/value block, 2 B h_kv (T/P) d_head in bfloat16, on the link."""
+    m, lk = as_model(model), as_link(link)
+    T = m.context if seq_len is None else seq_len
+    P = check_world_size(m, "ring", P, T)
+    B = validate.check_int("batch", batch)
+    flops = 4 * B * m.n_heads * (T // P) ** 2 * m.d_head / (2 if causal else 1)
+    return flops / gpu.flops_per_s, wire_bytes_per_layer(m, "ring", P, B, T) / (P - 1) / lk.bytes_per_s
+
+
+def ring_timeline(compute_s, transfer_s, steps):
+    """One rank's ring forward when each step sends on the block it holds while it computes with it:
+    ([(start, end)] of the steps' compute, [(start, end)] of the transfers of the next block). Step s + 1
+    starts at the later of the end of step s and the arrival of its block, transfer_s after step s began.
+    The whole takes steps x compute_s when transfer_s <= compute_s (the wire hides), else
+    (steps - 1) x transfer_s + compute_s (the compute waits)."""
+    steps = validate.check_int("steps", steps)
+    compute, transfers, start = [], [], 0.0
+    for s in range(steps):
+        compute.append((start, start + compute_s))
+        if s < steps - 1:
+            transfers.append((start, start + transfer_s))
+            start = max(start + compute_s, start + transfer_s)
+    return compute, transfers

@@ -8,11 +8,16 @@ A case is a dict:
     module:  "mha", "gqa" (RoPE, grouped keys), "encoder" (EncoderBlock) or "lm" (a Llama LMBlock)
     seed, batch, seq_len, d_model, n_heads, n_kv_heads (gqa, lm), d_ff (encoder, lm),
     causal, padding (True: the first sequence of the batch is left-padded by `pad` positions,
-    so its first queries may attend to nothing), layout (ring), dtype ("float32" or "float64").
+    so its first queries may attend to nothing), layout (ring), dtype ("float32" or "float64"),
+    qk_norm (gqa, lm: None, "head" as Qwen3, or "all" as OLMo 2), steps (tensor_training).
+    Scheme "tensor_training" (and "torch_tensor_training", PyTorch's split) trains the split and
+    the single-process module `steps` steps of SGD on the same data and compares the weights.
 The result, per rank: the relative error of the output and of every gradient (input and
 parameters), max |ours - one process| / max |one process| (a parameter's gradient measured
 against its layer's, `layer_scales`), and the payload and work counted.
 """
+
+import copy
 
 import torch
 import torch.distributed as dist
@@ -29,10 +34,10 @@ from mha.torch.grouped import GroupedQueryAttention
 from mha.torch.lm import LMBlock, LMConfig
 
 DEFAULTS = dict(seed=0, batch=2, seq_len=16, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48, causal=False,
-                padding=False, pad=5, layout="zigzag", dtype="float32")
+                padding=False, pad=5, layout="zigzag", dtype="float32", qk_norm=None, steps=3)
 
 
-SCHEMES = ("tensor", "torch_tensor", "tensor_vs_torch", "ulysses", "ring")
+SCHEMES = ("tensor", "torch_tensor", "tensor_vs_torch", "tensor_training", "torch_tensor_training", "ulysses", "ring")
 
 
 def full_case(case):
@@ -52,12 +57,14 @@ def build_module(case, device):
     if kind == "mha":
         module = MultiHeadAttention(d, h, **options)
     elif kind == "gqa":
-        module = GroupedQueryAttention(d, h, case["n_kv_heads"], rope_base=10000.0, **options)
+        module = GroupedQueryAttention(d, h, case["n_kv_heads"], rope_base=10000.0, qk_norm=case["qk_norm"],
+                                       **options)
     elif kind == "encoder":
         module = EncoderBlock(d, h, case["d_ff"], norm_first=True, activation="gelu", **options)
     elif kind == "lm":
         config = LMConfig(vocab_size=8, d_model=d, n_layers=1, d_ff=case["d_ff"],
-                          attention=dict(n_heads=h, n_kv_heads=case["n_kv_heads"], rope_base=10000.0))
+                          attention=dict(n_heads=h, n_kv_heads=case["n_kv_heads"], rope_base=10000.0,
+                                         qk_norm=case["qk_norm"]))
         module = LMBlock(config, 0, **options)
     else:
         raise ValueError(f'module must be "mha", "gqa", "encoder" or "lm", got {kind!r}')
@@ -144,12 +151,16 @@ def tensor_run(module, case, x, keep, g, torch_mesh=None):
 
 def replica_errors(split, ref_grads):
     """After split.reduce_replicated_gradients(), each replicated key/value head's gradient on this
-    rank against its slice of the single-process gradient: {"grad NAME (replica)": error}."""
+    rank against its slice of the single-process gradient, and each per-head QK-norm's against the
+    whole: {"grad NAME (replica)": error, "grad NAME (summed)": error}."""
     split.reduce_replicated_gradients()
     scales = layer_scales(ref_grads)
     found = {}
     for parameter, full_name, shard in split.all_shards():
-        if shard.replicated_slice:
+        if shard.summed:
+            reference = ref_grads[full_name]
+            found[f"grad {full_name} (summed)"] = relative_error(parameter.grad, reference, scales[full_name])
+        elif shard.replicated_slice:
             reference = ref_grads[full_name].index_select(shard.dim, shard.index.to(parameter.device))
             found[f"grad {full_name} (replica)"] = relative_error(parameter.grad, reference, scales[full_name])
     return found
@@ -180,6 +191,58 @@ def sequence_run(module, case, x, keep, g):
     return out, x_grad, grads
 
 
+LEARNING_RATE = 0.02  # SGD on the loss sum(out * g): the weights move by a few tenths in 3 steps
+
+
+def training_run(module, case, device, torch_mesh=None):
+    """`steps` steps of SGD on the split (ours, or PyTorch's with torch_mesh) and on a copy of the
+    single-process module, each step on new inputs; then {"weight NAME": each local weight against its
+    place in the single-process weights, "copies NAME": how far the ranks' copies of a weight held
+    whole on every rank are from rank 0's}, relative to the largest single-process weight."""
+    reference = copy.deepcopy(module)
+    split = tensor_parallel(module) if torch_mesh is None else torch_tensor_parallel(module, torch_mesh)
+    ours, theirs = (torch.optim.SGD(m.parameters(), lr=LEARNING_RATE, foreach=False) for m in (split, reference))
+    for step in range(case["steps"]):
+        x, keep, g = make_inputs({**case, "seed": case["seed"] + 1000 * step}, device)
+        for model, optimizer in ((reference, theirs), (split, ours)):
+            optimizer.zero_grad(set_to_none=True)
+            if model is reference or torch_mesh is not None:
+                out = run_single(model, case, x, keep)
+            else:
+                out = run_split(model, case, x, keep)
+            (out * g).sum().backward()
+            if model is split and torch_mesh is None:
+                split.reduce_replicated_gradients()  # before the step, as its docstring asks
+            optimizer.step()
+    whole = dict(reference.named_parameters())
+    found, copies = {}, {}
+    if torch_mesh is None:
+        for parameter, full_name, shard in split.all_shards():
+            target = whole[full_name].detach()
+            if shard.dim is not None:
+                target = target.index_select(shard.dim, shard.index.to(target.device))
+            else:
+                copies[full_name] = parameter.detach()
+            scale = whole[full_name].abs().max().item()
+            found[f"weight {full_name}"] = relative_error(parameter.detach(), target, scale)
+    else:
+        for name, parameter in split.named_parameters():
+            value = parameter.detach()
+            if hasattr(value, "full_tensor"):
+                if all(p.is_replicate() for p in value.placements):
+                    copies[name] = value.to_local()
+                value = value.full_tensor()
+            else:
+                copies[name] = value
+            found[f"weight {name}"] = relative_error(value, whole[name].detach())
+    for name, value in copies.items():
+        gathered = [torch.empty_like(value) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, value.contiguous())
+        found[f"copies {name}"] = max(relative_error(other, gathered[0], whole[name].abs().max().item())
+                                      for other in gathered)
+    return found
+
+
 def errors(ours, reference):
     (out, x_grad, grads), (ref_out, ref_x_grad, ref_grads) = ours, reference
     result = {"output": relative_error(out, ref_out), "grad x": relative_error(x_grad, ref_x_grad)}
@@ -205,6 +268,9 @@ def run_case(case, device, mesh=None):
         elif case["scheme"] == "tensor_vs_torch":  # ours against PyTorch's parallelize_module, directly
             ours, _ = tensor_run(module, case, x, keep, g)
             (ref_out, ref_x_grad, ref_grads), _ = tensor_run(module, case, x, keep, g, torch_mesh=mesh)
+        elif case["scheme"] in ("tensor_training", "torch_tensor_training"):
+            mesh_or_none = mesh if case["scheme"] == "torch_tensor_training" else None
+            return {"errors": training_run(module, case, device, mesh_or_none), "traffic": traffic.as_dict()}
         elif case["scheme"] in ("ulysses", "ring"):
             ours = sequence_run(module, case, x, keep, g)
         else:
@@ -219,7 +285,7 @@ def run_cases(rank, world_size, cases):
     """Every case on this rank (a function for mha.distributed.launch): a list of results."""
     device = rank_device()
     mesh = None
-    if any(case.get("scheme") in ("torch_tensor", "tensor_vs_torch") for case in cases):
+    if any(case.get("scheme") in ("torch_tensor", "tensor_vs_torch", "torch_tensor_training") for case in cases):
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh(device.type, (world_size,))
     return [run_case(case, device, mesh) for case in cases]

@@ -16,6 +16,12 @@ Key/value heads: with P dividing h_kv, rank r holds h_kv / P of them, those its 
 heads read. With fewer key/value heads than ranks (P a multiple of h_kv), each rank
 holds a replica of the one key/value head its query heads share, and the replicas'
 gradients are summed by `reduce_replicated_gradients()` before an optimizer step.
+
+Per-head QK-norm (Qwen3, Gemma 3): one RMSNorm weight of width d_head serves every head, so every
+rank holds it whole, but applies it to its own heads only: each rank's gradient is the part from
+its heads, and the whole gradient is their sum. `reduce_replicated_gradients()` sums it too (as
+Megatron-LM all-reduces its QK-layernorm gradients over the tensor-parallel group before the step).
+QK-norm over all heads at once (OLMo 2) would need the sum of squares of every head: refused.
 """
 
 import copy
@@ -93,11 +99,13 @@ def as_grouped(module):
 
 class Shard:
     """Where a rank's parameter sits in the whole one: `dim` and `index` (None: the whole,
-    replicated on every rank), and whether other ranks hold the same slice (replicas)."""
+    replicated on every rank), whether other ranks hold the same slice (replicas), and whether
+    a whole one's gradient on each rank is only the part from its own heads (summed: the whole
+    gradient is the sum over ranks; else every rank computes the whole gradient itself)."""
 
-    def __init__(self, full_shape, dim=None, index=None, replicated_slice=False):
+    def __init__(self, full_shape, dim=None, index=None, replicated_slice=False, summed=False):
         self.full_shape, self.dim, self.index = tuple(full_shape), dim, index
-        self.replicated_slice = replicated_slice
+        self.replicated_slice, self.summed = replicated_slice, summed
 
 
 def take(weight, dim, index):
@@ -137,7 +145,10 @@ class ShardedModule(nn.Module):
         grads = {}
         for parameter, full_name, shard in self.all_shards():
             grad = parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
-            if shard.dim is None:
+            if shard.summed:
+                grads[full_name] = grad.clone()
+                dist.all_reduce(grads[full_name], group=self.group)
+            elif shard.dim is None:
                 grads[full_name] = grad.clone()
             else:
                 whole = self.scatter_into_whole(grad, shard)
@@ -146,10 +157,15 @@ class ShardedModule(nn.Module):
         return grads
 
     def reduce_replicated_gradients(self):
-        """Sum the gradients of replicated key/value heads over their replicas (a backward
-        all-reduce, counted), so that every replica takes the same optimizer step."""
+        """Sum the gradients of replicated key/value heads over their replicas, and those of the
+        per-head QK-norms over every rank (backward all-reduces, counted), so that every replica
+        takes the same optimizer step, the one a single process takes. Every rank must call it."""
         for parameter, _, shard in self.all_shards():
-            if shard.replicated_slice and parameter.grad is not None:
+            if shard.summed:
+                if parameter.grad is None:
+                    parameter.grad = torch.zeros_like(parameter)  # a rank whose heads saw nothing
+                comm.all_reduce_(parameter.grad, "backward", self.group)
+            elif shard.replicated_slice and parameter.grad is not None:
                 whole = self.scatter_into_whole(parameter.grad, shard)
                 comm.all_reduce_(whole, "backward", self.group)
                 parameter.grad.copy_(whole.index_select(shard.dim, shard.index.to(whole.device)))
@@ -187,9 +203,9 @@ class TensorParallelAttention(ShardedModule):
         if self.b_o is not None:
             self.place("b_o", "W_o.bias", Shard(self.b_o.shape))
         if module.__class__ is GroupedQueryAttention and module.qk_norm == "head":
-            for n in ("q_norm", "k_norm"):  # per head, the same weights for every head: copied whole
+            for n in ("q_norm", "k_norm"):  # the same weight for every head: copied whole, gradients summed
                 getattr(self.local, n).load_state_dict(getattr(module, n).state_dict())
-                self.place(f"local.{n}.weight", f"{n}.weight", Shard(getattr(module, n).weight.shape))
+                self.place(f"local.{n}.weight", f"{n}.weight", Shard(getattr(module, n).weight.shape, summed=True))
 
     def split_linear(self, name, full_name, full, dim, index, replicated=False, bias=True):
         """An nn.Linear holding `full`'s weight rows (dim 0) or columns (dim 1) at `index`."""
@@ -334,18 +350,25 @@ def torch_tensor_parallel(module, mesh):
     """The same split made by PyTorch's own `parallelize_module` over a 1-D DeviceMesh: a deep copy
     of `module` (MultiHeadAttention, GroupedQueryAttention with P dividing h_kv, or EncoderBlock)
     with ColwiseParallel on W_Q, W_K, W_V (and the feed-forward's first layer) and RowwiseParallel
-    on W_O (and its second), and the head counts set to this rank's, as PyTorch's tutorial does."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    on W_O (and its second), and the head counts set to this rank's, as PyTorch's tutorial does. Per-head
+    QK-norms get SequenceParallel over the head axis: weights replicated as DTensors, whose gradients
+    DTensor sums over the ranks (a plain copy's would stay this rank's part)."""
+    n_heads, n_kv_heads, _, _ = as_grouped(module.attention if isinstance(module, EncoderBlock) else module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module,
+    )
 
     world_size = mesh.size()
     ours = copy.deepcopy(module)
     attention = ours.attention if isinstance(ours, EncoderBlock) else ours
-    n_heads, n_kv_heads, _, _ = as_grouped(attention)
     check_heads_split(n_heads, n_kv_heads, world_size)
     if n_kv_heads % world_size:
         raise ValueError(f"parallelize_module cannot replicate key/value heads: n_kv_heads={n_kv_heads} "
                          f"must be divisible by world_size={world_size}")
     plan = {"W_q": ColwiseParallel(), "W_k": ColwiseParallel(), "W_v": ColwiseParallel(), "W_o": RowwiseParallel()}
+    if getattr(attention, "qk_norm", None) == "head":  # replicated weights on inputs split by heads (axis -3):
+        # their gradients come out partial and DTensor sums them over the ranks (torchtitan's plan for Qwen3)
+        plan.update({n: SequenceParallel(sequence_dim=-3, use_local_output=True) for n in ("q_norm", "k_norm")})
     if isinstance(ours, EncoderBlock):
         plan = {f"attention.{name}": style for name, style in plan.items()}
         plan.update({"feed_forward.linear_1": ColwiseParallel(), "feed_forward.linear_2": RowwiseParallel()})

@@ -2,8 +2,10 @@
 
 The cheap draws (a random array, random blocks, random positions) are drawn again here on
 many seeds. The three sweeps of random stacks, "ch06_residuals", "ch06_depth" and
-"ch06_gradients" (mha.experiments.stacks), are asserted on every stored row, and one row of
-each is re-derived. Every assert of the chapter holds on every seed below.
+"ch06_gradients" (mha.experiments.stacks), are asserted on every stored row and on their
+held-out seeds (`seeds.held_out_rows`, computed here: about 3 s), and one row of each is
+re-derived. A range the chapter calls that of the table's seeds is asserted on the table; every
+other sentence, and every assert of the chapter, holds on the held-out seeds too.
 """
 
 import numpy as np
@@ -75,13 +77,25 @@ def test_padding_noise_never_reaches_the_real_tokens_and_a_causal_mask_breaks_th
         assert np.abs(causal_bwd - causal_fwd[::-1]).max() > 0.1, seed
 
 
+def table_and_held_out(name, key):
+    """A value over the table's seeds, then over the sweep's held-out seeds (computed here)."""
+    return np.concatenate([seeds.column(name, key), seeds.held_out_column(name, key)])
+
+
 def test_without_residual_sums_the_words_collapse_on_every_seed():
-    without = seeds.column("ch06_residuals", "without_residuals")  # (seeds, 6 blocks)
-    kept = seeds.column("ch06_residuals", "with_residuals")
-    assert len(without) >= 20
-    assert without[:, 0].min() > 0.95 and without[:, 1].min() > 0.999  # the chapter's assert, every seed
-    assert kept.max() < 0.6 and (kept[:, 5] > kept[:, 0]).all()
-    assert kept[:, 5].max() < 0.54  # "at most 0.53 after six blocks"
+    """"a mean similarity above 0.95 on every seed of the table", "above 0.999" after two blocks;
+    "more alike after six blocks than after one, on every seed of the table, by 0.1 or more", "far
+    from 1" (the chapter's assert: below 0.8), on the table and on the held-out seeds; "a median
+    of 0.42, from 0.25 to 0.53 over these 20 seeds" on the table."""
+    assert len(seeds.column("ch06_residuals", "with_residuals")) == 20
+    without = table_and_held_out("ch06_residuals", "without_residuals")  # (seeds, 6 blocks)
+    kept = table_and_held_out("ch06_residuals", "with_residuals")
+    assert without[:, 0].min() > 0.95 and without[:, 1].min() > 0.999  # the chapter's assert
+    assert kept.max() < 0.8 and (kept[:, 5] - kept[:, 0]).min() > 0.05
+    stored = seeds.column("ch06_residuals", "with_residuals")
+    assert (stored[:, 5] - stored[:, 0]).min() > 0.095
+    assert round(stored[:, 5].min(), 2) == 0.25 and round(stored[:, 5].max(), 2) == 0.53
+    assert np.median(stored[:, 5]) == pytest.approx(0.42, abs=0.005)
 
 
 def test_a_row_of_the_residual_sweep_is_rederived():
@@ -119,8 +133,17 @@ def test_positions_break_the_symmetry_and_drown_the_words_over_100_draws():
 
 
 def test_the_post_norm_stream_keeps_its_size_and_the_pre_norm_stream_grows():
+    """The ranges "over the seeds of the table" on the table; on the held-out seeds, the chapter's
+    assert (post-norm keeps the norm sqrt(d)), "a quarter to a half" loosely (0.2 to 0.6), and the
+    pre-norm stream growing while its relative change falls."""
     stored = {key: seeds.column("ch06_depth", key) for key in ("post_norm", "post_change", "pre_norm", "pre_change")}
     assert len(stored["pre_norm"]) >= 10
+    keys = ("post_norm", "post_change", "pre_norm", "pre_change")
+    held_out = {key: seeds.held_out_column("ch06_depth", key) for key in keys}
+    assert np.allclose(held_out["post_norm"], np.sqrt(D), atol=1e-3)
+    assert 0.2 < held_out["post_change"][:, 1:].min() and held_out["post_change"][:, 1:].max() < 0.6
+    assert (held_out["pre_norm"][:, 31] > 2 * held_out["pre_norm"][:, 0]).all()
+    assert (held_out["pre_change"][:, 31] < 0.7 * held_out["pre_change"][:, 0]).all()
     assert np.allclose(stored["post_norm"], np.sqrt(D), atol=1e-3)  # the chapter's assert
     assert 0.25 < stored["post_change"][:, 1:].min() and stored["post_change"][:, 1:].max() < 0.5
     assert 2.4 < stored["pre_norm"][:, 0].min() and stored["pre_norm"][:, 0].max() < 2.7
@@ -136,15 +159,32 @@ def test_a_row_of_the_depth_sweep_is_rederived():
     assert gap <= seeds.get_sweep("ch06_depth").tolerance
 
 
-def test_without_residual_sums_the_gradient_is_weaker_at_block_1_on_every_seed():
-    flow = {key: seeds.column("ch06_gradients", key) for key in ("post_norm", "pre_norm", "no_residuals")}
+def gradient_ratios(flow):
+    """The chapter's three ratios per seed: no residuals, block 12 over block 1; post-norm, largest
+    over smallest of the twelve; pre-norm, block 1 over block 12."""
     weaker = flow["no_residuals"][:, -1] / flow["no_residuals"][:, 0]
-    assert len(weaker) >= 20 and weaker.min() > 1  # the chapter's assert
-    assert 3 < weaker.min() < 4 and 250 < np.median(weaker) < 350 and 15_000 < weaker.max() < 19_000
-    assert round(weaker[3]) == 124  # the exercise's seed 3
-    assert (flow["post_norm"].max(axis=1) / flow["post_norm"].min(axis=1)).max() < 2.5
-    pre_growth = flow["pre_norm"][:, 0] / flow["pre_norm"][:, -1]
-    assert 1.0 < pre_growth.min() and pre_growth.max() < 1.8
+    post_spread = flow["post_norm"].max(axis=1) / flow["post_norm"].min(axis=1)
+    return weaker, post_spread, flow["pre_norm"][:, 0] / flow["pre_norm"][:, -1]
+
+
+def test_without_residual_sums_the_gradient_is_weaker_at_block_1_on_most_seeds():
+    """The chapter's asserts (median weaker over 100 times, weaker on nine seeds in ten or more;
+    post-norm median below 2, pre-norm median above 1.1) on the table and on 30 held-out seeds;
+    the numbers of the text over "the 200 seeds of the table"."""
+    keys = ("post_norm", "pre_norm", "no_residuals")
+    weaker, post_spread, pre_growth = gradient_ratios({key: seeds.column("ch06_gradients", key) for key in keys})
+    held_out = gradient_ratios({key: seeds.held_out_column("ch06_gradients", key) for key in keys})
+    for w, post, pre in (weaker, post_spread, pre_growth), held_out:
+        assert np.median(w) > 100 and np.mean(w > 1) > 0.9  # the chapter's asserts
+        assert np.median(post) < 2 and np.median(pre) > 1.1
+        assert np.median(post) < 2 < np.median(w)  # with the sums steady, without them far weaker
+    assert len(weaker) == 200 and round(weaker[3]) == 124  # the exercise's seed 3
+    assert 600 < np.median(weaker) < 800 and (weaker > 100).sum() == 162 and (weaker <= 1).sum() == 2
+    assert 150_000 < weaker.max() < 250_000 and weaker.min() < 1  # "about 200 000", "more gradient"
+    assert round(np.median(post_spread), 1) == 1.6 and (post_spread < 2.5).sum() == 185
+    assert round(post_spread.max(), 1) == 4.3
+    assert round(np.median(pre_growth), 1) == 1.3 and round(pre_growth.min(), 1) == 1.0
+    assert round(pre_growth.max(), 1) == 2.2
 
 
 def test_a_row_of_the_gradient_sweep_is_rederived():

@@ -50,7 +50,7 @@ def block_without_residuals(Z, p, n_heads=2):
     return mnp.layer_norm(mnp.feed_forward(Y, p["W_1"], p["b_1"], p["W_2"], p["b_2"]), p["gamma_2"], p["beta_2"])
 
 
-@seeds.sweep("ch06_residuals", seeds=range(20), tolerance=1e-4)
+@seeds.sweep("ch06_residuals", seeds=range(20), tolerance=1e-4, held_out=range(100, 110))
 def residual_collapse(seed, n_stacks=8, depth=6):
     """How alike the sentence's words become in `n_stacks` stacks of `depth` random post-norm blocks
     (torch.manual_seed(seed), then the blocks stack after stack), with and without residual sums.
@@ -71,7 +71,7 @@ def residual_collapse(seed, n_stacks=8, depth=6):
     return {"with_residuals": alike[0].mean(axis=0), "without_residuals": alike[1].mean(axis=0)}
 
 
-@seeds.sweep("ch06_depth", seeds=range(10), tolerance=1e-4)
+@seeds.sweep("ch06_depth", seeds=range(10), tolerance=1e-4, held_out=(100, 101, 102))
 def stream_growth(seed, n_stacks=8, depth=32):
     """The sentence through `n_stacks` stacks of `depth` random blocks (torch.manual_seed(seed),
     then the blocks stack after stack), post-norm and pre-norm with the same parameters.
@@ -98,7 +98,7 @@ def stream_growth(seed, n_stacks=8, depth=32):
     return row
 
 
-@seeds.sweep("ch06_gradients", seeds=range(20), tolerance=1e-4)
+@seeds.sweep("ch06_gradients", seeds=range(200), tolerance=1e-4, held_out=range(200, 230))
 def gradient_through_depth(seed, depth=12):
     """The norm of the gradient at the input of each of `depth` random blocks (float64,
     torch.manual_seed(seed)), for the loss sum(output * R), R a fixed normal tensor (seed 99).

@@ -4,8 +4,10 @@ The chapter trains seed 0 live and reads two stored sweeps of mha.experiments.ta
 (tools/data/seed_sweeps.py made them under generic kernels): `ch02_previous_token`, symmetric
 attention and a query-key head trained on the previous-token task, and `ch02_relations`, the
 exercise's three other tasks. One row of each is trained again here and must agree with the
-stored one within the sweep's tolerance. The cheap random draws (the random W and R of the
-chapter and its exercises) are drawn afresh, 10 times each.
+stored one within the sweep's tolerance; the sentences are asserted on the stored rows and on
+the sweeps' held-out seeds (`seeds.held_out_rows`, two per sweep, trained here: about 2 s).
+The cheap random draws (the random W and R of the chapter and its exercises) are drawn afresh,
+10 times each.
 """
 
 import numpy as np
@@ -21,7 +23,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thr
 
 
 def column(key, name=SWEEP):
-    return seeds.column(name, key)
+    """A value over the table's seeds, then over the sweep's held-out seeds (trained here, never
+    stored): every sentence below holds on both."""
+    return np.concatenate([seeds.column(name, key), seeds.held_out_column(name, key)])
 
 
 def test_one_row_of_the_previous_token_sweep_is_rederived_within_the_tolerance():

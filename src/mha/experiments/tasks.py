@@ -233,7 +233,7 @@ def _on_the_sentence(model, scores, x_sentence):
             "scores_to_itself": S.diagonal().sum()}
 
 
-@seeds.sweep("ch02_previous_token", seeds=range(10), tolerance=0.01)
+@seeds.sweep("ch02_previous_token", seeds=range(10), tolerance=0.01, held_out=(100, 101))
 def previous_token_sweep(seed):
     """Chapter 2's experiment on one seed: both models trained 300 steps on the previous-token task.
 
@@ -266,7 +266,7 @@ def relation_matrices(T):
             "both_neighbours": (later + later.T) / 2}
 
 
-@seeds.sweep("ch02_relations", seeds=range(10), tolerance=0.01)
+@seeds.sweep("ch02_relations", seeds=range(10), tolerance=0.01, held_out=(100, 101))
 def relations_sweep(seed):
     """Chapter 2's exercise on one seed: both models trained 200 steps (batches of 32) per task.
 

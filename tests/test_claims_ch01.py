@@ -3,7 +3,8 @@
 The sentence's vectors are the doubled roles plus a little noise, one draw of
 `tasks.word_noise`; `tasks.sentence_vectors(noise_seed)` gives other draws of the same size.
 A sentence that the chapter says of "the draw shown" is checked on draw 0; every other
-sentence is checked on 50 draws of the noise. The random queries and keys of the sections on
+sentence is checked on 50 draws of the noise, and again on 100 held-out draws (100 to 199) that
+no sentence was written from: a claim "on every draw" must hold there too, with its margin. The random queries and keys of the sections on
 the scale are drawn again with other seeds. Each test names the sentence it holds up.
 """
 
@@ -17,6 +18,8 @@ from mha.experiments import tasks
 
 WORDS = tasks.SENTENCE
 DRAWS = range(50)  # draws of the noise; draw 0 is the one the chapter shows
+HELD_OUT = range(100, 200)  # draws that no sentence was written from
+EVERY = [*DRAWS, *HELD_OUT]
 T = len(WORDS)
 LONG = ("I", "deposit", "money", "bank")  # the words with two roles
 at = WORDS.index
@@ -48,16 +51,17 @@ def test_other_draws_of_the_noise_are_other_draws_of_the_same_size():
 
 
 def test_six_to_ten_rows_have_their_largest_weight_on_the_diagonal():
-    """"6 of the 10 rows ... in the draw shown"; "Between 6 and 10 rows, depending on the draw"."""
-    counts = [int(np.sum(weights(s).argmax(axis=-1) == np.arange(T))) for s in DRAWS]
-    assert counts[0] == 6 and min(counts) >= 6 and max(counts) <= 10
-    assert len(set(counts[:10])) > 2, "the count depends on the draw"
+    """"6 of the 10 rows ... in the draw shown"; "Between 6 and 10 rows in these ten draws ... and
+    never fewer than four" (the chapter's assert, on every draw: a held-out draw has 5)."""
+    counts = [int(np.sum(weights(s).argmax(axis=-1) == np.arange(T))) for s in EVERY]
+    assert counts[0] == 6 and min(counts[:10]) == 6 and max(counts[:10]) == 10
+    assert min(counts) >= 4 and len(set(counts[:10])) > 2, "the count depends on the draw"
 
 
 def test_the_words_with_two_roles_keep_their_largest_weight_on_every_draw():
     """"each keeps the largest weight of its row for itself: about half of the row (0.50 to 0.61)
     in the draw shown"; "The four words with two roles keep their largest weight on every draw"."""
-    for seed in DRAWS:
+    for seed in EVERY:
         A = weights(seed)
         assert all(A[at(w)].argmax() == at(w) for w in LONG), seed
     diagonal = [weights(0)[at(w), at(w)] for w in LONG]
@@ -66,11 +70,14 @@ def test_the_words_with_two_roles_keep_their_largest_weight_on_every_draw():
 
 def test_apart_from_itself_a_word_gives_the_most_to_a_word_that_shares_a_role():
     """"Leave aside the weight that a word gives itself: the largest of the others goes to a word
-    that shares one of its roles", on every draw; the pairs and the block in the draw shown."""
-    for seed in DRAWS:
+    that shares one of its roles, on almost every draw" (draw 851 sends "money" to "deposit"):
+    on every draw here; the pairs and the block in the draw shown."""
+    for seed in EVERY:
         A = weights(seed) - np.eye(T)  # the weight on itself out of the running
         for i, word in enumerate(WORDS):
             assert shares_a_role(word, WORDS[A[i].argmax()]), (seed, word)
+    A = weights(851) - np.eye(T)
+    assert not shares_a_role("money", WORDS[A[at("money")].argmax()]), "the rare draw of the text"
     A = weights(0)
     for a, b in (("I", "my"), ("going", "deposit"), ("money", "bank")):
         others = [j for j in range(T) if j not in (at(a), at(b))]
@@ -97,23 +104,25 @@ def test_the_ties_of_the_plain_roles_are_broken_by_the_noise():
 
 def test_am_spreads_its_weight_almost_evenly_on_every_draw():
     """""am", half verb and half function word, spreads its weight almost evenly"."""
-    assert max(weights(s)[at("am")].max() for s in DRAWS) < 0.25
+    assert max(weights(s)[at("am")].max() for s in EVERY) < 0.25
 
 
 def test_the_output_of_bank_is_mostly_bank_with_some_money():
     """"The output of "bank" is mostly "bank", with some "money" mixed in", on every draw."""
-    for seed in DRAWS:
+    for seed in EVERY:
         order = np.argsort(-weights(seed)[at("bank")])
         assert [WORDS[j] for j in order[:2]] == ["bank", "money"], seed
 
 
 def test_without_itself_every_favourite_shares_a_role_and_bank_and_money_choose_each_other():
     """"Every word's favourite is now a word that shares a role with it, and "bank" and "money"
-    choose each other; in the draw shown, so do "I" and "my", and "going" and "deposit"."""
-    for seed in DRAWS:
+    choose each other, on almost every draw of the noise (a rare draw sends "money" to "deposit")";
+    in the draw shown, so do "I" and "my", and "going" and "deposit"."""
+    for seed in EVERY:
         favourite = {w: WORDS[row.argmax()] for w, row in zip(WORDS, weights(seed, exclude_self=True))}
         assert all(shares_a_role(w, f) for w, f in favourite.items()), seed
         assert favourite["bank"] == "money" and favourite["money"] == "bank", seed
+    assert WORDS[weights(851, exclude_self=True)[at("money")].argmax()] == "deposit"
     favourite = {w: WORDS[row.argmax()] for w, row in zip(WORDS, weights(0, exclude_self=True))}
     pairs = [(favourite[a], favourite[b]) for a, b in (("I", "my"), ("going", "deposit"))]
     assert pairs == [("my", "I"), ("deposit", "going")]
@@ -195,7 +204,7 @@ def test_half_of_money_looks_at_money_and_keeps_half_as_much_for_itself():
     """The exercise's asserts, and "about twice what it keeps for itself: the two scores differ by
     ||x_money||^2 / (4 sqrt d)"; "In the draw shown the two weights are 0.23 and 0.12; over other
     draws of the noise the ratio runs from 1.5 to 3"."""
-    for seed in DRAWS:
+    for seed in EVERY:
         X = tasks.sentence_vectors(seed)[1]
         money = X[at("money")]
         _, A = mnp.self_attention(np.vstack([X, money / 2]))  # "cash" comes last: row T
@@ -214,14 +223,16 @@ def test_a_low_temperature_turns_the_softmax_into_an_arg_max_on_every_draw():
     """"In the draw shown, at tau = 1/8 the entropy is down to about 0.55 and 0.69 of the weight is on
     the diagonal; over other draws ... from 0.2 to 0.7 and from 0.55 to 0.85. On every draw a row
     then effectively attends to fewer than 2 tokens, and the words with long vectors copy
-    themselves almost entirely." The entropy falls as tau shrinks; at tau = 64 it is near log 10."""
+    themselves almost entirely" (above 0.99 of the row on the 50 draws, above 0.85
+    on the held-out ones: draw 101 gives 0.97). The entropy falls as tau shrinks; at tau = 64 it is
+    near log 10."""
     taus = (0.125, 0.5, 1, 2, 8, 64)
-    for seed in DRAWS:
+    for seed in EVERY:
         H = [entropy(weights(seed, tau=tau)) for tau in taus]
         cold = weights(seed, tau=0.125)
         assert np.all(np.diff(H) > 0) and np.log(T) - H[-1] < 0.005, seed
         assert 0.2 < H[0] < 0.7 and np.exp(H[0]) < 2 and 0.55 < np.diag(cold).mean() < 0.85, seed
-        assert min(cold[at(w), at(w)] for w in LONG) > 0.99, seed
+        assert min(cold[at(w), at(w)] for w in LONG) > (0.99 if seed in DRAWS else 0.85), seed
     cold = weights(0, tau=0.125)
     assert round(entropy(cold), 2) == 0.55 and round(np.diag(cold).mean(), 2) == 0.69
     assert [WORDS[cold[at(w)].argmax()] for w in ("going", "to", "at")] == ["deposit", "the", "the"]

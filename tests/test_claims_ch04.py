@@ -4,7 +4,9 @@ The chapter draws everything from one generator, `rng = np.random.default_rng(0)
 order: the one head of both relations, heads 0 and 1 with their W_V and W_O, then the
 exercise's head 2 with its W_V and W_O. `chapter_heads(seed, noise_seed)` draws the same in the
 same order from seed `seed`, on the word vectors of noise draw `noise_seed`; (0, 0) is the
-chapter. Every claim is checked on ten seeds times ten draws of the noise.
+chapter. Every claim is checked on ten seeds times ten draws of the noise, and again on a
+hundred held-out draws (seeds 100 to 109 times noise draws 100 to 109) that no sentence was
+written from: a claim about every draw must hold there too.
 """
 
 import itertools
@@ -19,6 +21,7 @@ WORDS = tasks.SENTENCE
 I, AM, GOING, DEPOSIT, MONEY, BANK = (WORDS.index(w) for w in ("I", "am", "going", "deposit", "money", "bank"))
 D, D_HEAD = 8, 4
 DRAWS = list(itertools.product(range(10), range(10)))  # (seed of the generator, seed of the noise)
+HELD_OUT = list(itertools.product(range(100, 110), range(100, 110)))  # draws no sentence was written from
 QUERY_WORDS = {0: ("deposit",), 1: ("am", "going", "deposit"), 2: ("deposit",)}  # who has the query feature
 
 
@@ -42,6 +45,11 @@ def draws():
     return {draw: chapter_heads(*draw) for draw in DRAWS}
 
 
+@pytest.fixture(scope="module")
+def held_out():
+    return {draw: chapter_heads(*draw) for draw in HELD_OUT}
+
+
 def test_the_library_plants_what_the_chapters_helper_planted():
     rng, mine = np.random.default_rng(0), tasks.planted_relation("action", ["place"], np.random.default_rng(0))
     W_q = 0.1 * rng.standard_normal((D, D_HEAD))
@@ -51,26 +59,33 @@ def test_the_library_plants_what_the_chapters_helper_planted():
     assert np.array_equal(mine[0], W_q) and np.array_equal(mine[1], W_k)
 
 
-def test_one_head_shares_deposit_between_i_and_bank(draws):
+def test_one_head_shares_deposit_between_i_and_bank(draws, held_out):
     """"The split belongs to this draw ... other draws move it, at times far to one side. But on
-    every draw the two take most of the row between them"."""
+    every draw the two take most of the row between them" (more than half: 0.77 at least on the
+    hundred draws, 0.64 on the held-out ones)."""
     shares = []
-    for draw, h in draws.items():
+    for draw, h in {**draws, **held_out}.items():
         _, A = mnp.head_attention(h["X"], *h["both"])
         shares.append((A[DEPOSIT, I], A[DEPOSIT, BANK]))
-        assert A[DEPOSIT, I] + A[DEPOSIT, BANK] > 0.7, draw
+        assert A[DEPOSIT, I] + A[DEPOSIT, BANK] > 0.55, draw
     assert [round(s, 2) for s in shares[0]] == [0.31, 0.61]
     assert max(max(s) for s in shares) > 0.85 and min(min(s) for s in shares) < 0.15
 
 
-def test_each_head_gives_its_own_target_most_of_the_row(draws):
+def test_each_head_gives_its_own_target_most_of_the_row(draws, held_out):
     """"In head 0, "deposit" gives almost all its weight to "bank"; in head 1, almost all to "I".
-    On other draws ... each head still gives its own target more than half of the row"; and the
-    exercise's head 2 finds "money"."""
-    for draw, h in draws.items():
+    On other draws ... each head still gives its own target the largest weight of the row, and on
+    nearly every draw more than half of it" (the held-out draw (101, 101) gives 0.49: above half on
+    every draw here but one, by 0.1 or more on nineteen in twenty); and the exercise's head 2 finds "money"."""
+    own = []
+    for draw, h in {**draws, **held_out}.items():
         _, A = mnp.multihead_attention_loop(h["X"], h["heads_3"], h["W_o_3"])
         for head, target in ((0, BANK), (1, I), (2, MONEY)):
-            assert A[head, DEPOSIT].argmax() == target and A[head, DEPOSIT, target] > 0.5, (draw, head)
+            row = A[head, DEPOSIT]
+            assert row.argmax() == target and row[target] - np.delete(row, target).max() > 0.2, (draw, head)
+            assert draw in held_out or row[target] > 0.5, (draw, head)
+            own.append(row[target])
+    assert np.mean(np.array(own) > 0.5) > 0.98 and np.percentile(own, 5) > 0.6
     _, A = mnp.multihead_attention_loop(draws[0, 0]["X"], draws[0, 0]["heads"], draws[0, 0]["W_o"])
     assert A[0, DEPOSIT, BANK] > 0.95 and A[1, DEPOSIT, I] > 0.95
 
@@ -85,7 +100,7 @@ def test_a_head_reading_one_chunk_leaves_deposit_spread_over_the_sentence(draws)
             assert A[DEPOSIT].max() < 0.3, (draw, chunk)
 
 
-def test_only_the_words_with_the_query_feature_have_sharp_rows(draws):
+def test_only_the_words_with_the_query_feature_have_sharp_rows(draws, held_out):
     """"'am', half a verb, just above 0.5 in this draw (below it on many other draws)"; "in this draw
     its largest weight is at most 0.26"; "Over a hundred other draws, nine such rows in ten stay
     below 0.2; a rare one ... reaches 0.5"."""
@@ -102,6 +117,11 @@ def test_only_the_words_with_the_query_feature_have_sharp_rows(draws):
                 assert sharp == list(words) and top[head, rows].max() <= 0.26, head
     assert 0.5 < am[0] < 0.55 and sum(a < 0.5 for a in am) > 10
     assert np.percentile(others, 90) < 0.2 and max(others) < 0.6
+    held = []
+    for h in held_out.values():  # "nine such rows in ten stay below 0.2; a rare one reaches 0.5"
+        top = mnp.multihead_attention_loop(h["X"], h["heads_3"], h["W_o_3"])[1].max(axis=-1)  # (h, T)
+        held += [m for head, words in QUERY_WORDS.items() for w, m in zip(WORDS, top[head]) if w not in words]
+    assert np.percentile(held, 90) < 0.2 and max(held) < 0.6
 
 
 def test_the_word_vectors_are_about_as_long_as_a_layer_norm_makes_them():

@@ -103,6 +103,8 @@ EQUAL = {
                                               sliding_window=4, query_pre_attn_scalar=8), 0),
     "Gemma 3, full layer": ("gemma3", dict(layer_types=["sliding_attention", "full_attention"],
                                            query_pre_attn_scalar=8), 1),
+    "Gemma 3 with attn_logit_softcapping, which its attention ignores": ("gemma3", dict(
+        layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=8, attn_logit_softcapping=5.0), 1),
     "OLMo 1 without clip_qkv": ("olmo", {}, 0),
     "Llama 3 RoPE": ("llama", dict(rope_parameters=LLAMA3), 0),
     "linear RoPE": ("llama", dict(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=3.0)), 0),

@@ -5,6 +5,9 @@ seed 0, or seed 5 in the strength exercise), plus a planted entry; the word vect
 draw of noise (`tasks.sentence_vectors(noise_seed)`). Here every claim is checked on ten seeds
 of the small entries times ten draws of the noise (a hundred draws), and a sentence about "this
 draw" on the draw shown. `tasks.planted_relation` draws exactly what the chapter's cells draw.
+A sentence about every draw is checked again on a hundred held-out draws (seeds 100 to 109 times
+noise draws 100 to 109) that no sentence was written from; a range the chapter gives for "the
+hundred draws we tried" is checked on those, and more loosely on the held-out ones.
 """
 
 import itertools
@@ -19,6 +22,7 @@ WORDS = tasks.SENTENCE
 I, AM, GOING, DEPOSIT, MONEY, BANK = (WORDS.index(w) for w in ("I", "am", "going", "deposit", "money", "bank"))
 D_HEAD = 4
 DRAWS = list(itertools.product(range(10), range(10)))  # (seed of the small entries, seed of the noise)
+HELD_OUT = list(itertools.product(range(100, 110), range(100, 110)))  # draws no sentence was written from
 COLUMN = {name: i for i, name in enumerate(tasks.ROLE_FEATURES)}
 
 
@@ -44,7 +48,7 @@ def test_the_library_plants_the_chapters_head():
 def test_the_scores_of_the_planted_head_are_far_from_symmetric_on_every_draw():
     """The chapter's `assert asymmetry > 1`; the two scores a shared matrix would tie "are now far
     apart"; the largest entry of M is the planted one, (verb, subject)."""
-    for seed, noise in DRAWS:
+    for seed, noise in DRAWS + HELD_OUT:
         W_q, W_k, _, X = planted_head(seed, noise)
         S = X @ W_q @ (X @ W_k).T / np.sqrt(D_HEAD)
         assert np.abs(S - S.T).max() > 1 and S[DEPOSIT, I] - S[I, DEPOSIT] > 1.5, (seed, noise)
@@ -55,8 +59,8 @@ def test_the_scores_of_the_planted_head_are_far_from_symmetric_on_every_draw():
 def test_the_verbs_look_for_i_and_i_does_not_look_back_on_every_draw():
     """"The verbs "going" and "deposit" give "I" their largest weight (0.84 and 0.73), and so does
     "am" (0.37)"; "In each of a hundred draws ... the three verbs give "I" their largest weight,
-    and "I" gives each of its verbs less than 0.15"."""
-    for seed, noise in DRAWS:
+    and "I" gives each of its verbs less than 0.15" (and on the held-out draws too)."""
+    for seed, noise in DRAWS + HELD_OUT:
         W_q, W_k, W_v, X = planted_head(seed, noise)
         _, A = mnp.head_attention(X, W_q, W_k, W_v)
         assert all(A[verb].argmax() == I for verb in (AM, GOING, DEPOSIT)), (seed, noise)
@@ -88,24 +92,34 @@ def test_the_strength_exercise_on_the_draw_shown():
 
 
 def test_the_strength_exercise_on_every_draw():
-    """"Doubling a large strength multiplies the score by about 4"; "At strength 0 the row of
-    "deposit" is almost flat"; "by strength 3 the row is one-hot"; "going" follows; "The weight of
-    "I" on "deposit" stays near or below that of a flat row"; the share of "I" on itself at
+    """"Doubling a large strength multiplies the score by about 4" (3.3 to 5); "At strength 0 the
+    row of "deposit" is almost flat, near 1/T = 0.1" (0.06 to 0.14); "by strength 3 the row is
+    one-hot"; "going" follows; "The weight of "I" on "deposit" stays low, near that of a flat row
+    ..., never near the one-hot row" (below 0.3, a median below 0.12); the share of "I" on itself at
     strength 3 "runs from almost nothing to most of the row: it grows with the strength when column
-    0 of the query of "I" is positive, and shrinks when it is negative"."""
-    on_itself = []
-    for seed, noise in DRAWS + [(5, n) for n in range(10)]:
+    0 of the query of "I" is positive, shrinks when it is negative, and hardly moves when it is near
+    0" (held-out draws (103, 119), (121, 112) and (125, 110) have it within 0.02 of 0, the wrong
+    way by less than 0.005): on the draws tried and the held-out ones."""
+    on_itself, on_deposit = [], []
+    for seed, noise in DRAWS + [(5, n) for n in range(10)] + HELD_OUT:
         rows = strengths(seed, noise)
-        assert 3.4 < rows[3]["score"] / rows[1.5]["score"] < 5, (seed, noise)
+        assert 3.3 < rows[3]["score"] / rows[1.5]["score"] < 5, (seed, noise)
         flat = rows[0]["A"][DEPOSIT]
-        assert 0.075 < flat.min() and flat.max() < 0.125, (seed, noise)
+        assert 0.06 < flat.min() and flat.max() < 0.14, (seed, noise)
         assert rows[3]["A"][DEPOSIT, I] > 0.99 and rows[3]["A"][GOING, I] > 0.99, (seed, noise)
         assert rows[1]["A"][DEPOSIT, I] < rows[2]["A"][DEPOSIT, I], (seed, noise)
-        assert max(row["A"][I, DEPOSIT] for row in rows.values()) < 0.2, (seed, noise)
-        grows = rows[3]["A"][I, I] > rows[0]["A"][I, I]
-        assert grows == (rows[3]["query_of_I"] > 0), (seed, noise)
+        on_deposit.append(max(row["A"][I, DEPOSIT] for row in rows.values()))
+        change, query = rows[3]["A"][I, I] - rows[0]["A"][I, I], rows[3]["query_of_I"]
+        if abs(query) > 0.05:
+            assert (change > 0) == (query > 0), (seed, noise)
+        else:
+            assert abs(change) < 0.05, (seed, noise)
         on_itself.append(rows[3]["A"][I, I])
+    assert max(on_deposit) < 0.3 and np.median(on_deposit) < 0.12
     assert min(on_itself) < 0.05 and max(on_itself) > 0.5
+    for seed, noise in ((103, 119), (121, 112), (125, 110)):  # near 0: the rule of signs says nothing
+        rows = strengths(seed, noise)
+        assert abs(rows[3]["query_of_I"]) < 0.02 and abs(rows[3]["A"][I, I] - rows[0]["A"][I, I]) < 0.005
 
 
 def test_a_narrow_head_of_width_one_points_at_two_ends_and_width_two_serves_all():
@@ -165,10 +179,14 @@ def test_over_twenty_seeds_the_mean_still_moves_by_several_hundredths():
 
 
 def test_the_planted_head_is_near_one_over_root_two():
-    """"The planted head gives 0.68, close to that value too (0.63 to 0.73 over a hundred draws)"."""
+    """"The planted head gives 0.68, close to that value too (0.65 to 0.72 over the hundred draws
+    we tried ...; other draws stray a little further)": the range on those hundred draws; on the
+    held-out ones (0.62 to 0.72 here) within 0.1 of 1 / sqrt(2)."""
     values = []
-    for seed, noise in DRAWS:
+    for seed, noise in DRAWS + HELD_OUT:
         W_q, W_k, _, X = planted_head(seed, noise)
         S = X @ W_q @ (X @ W_k).T / np.sqrt(D_HEAD)
         values.append(np.linalg.norm(S - S.T) / (2 * np.linalg.norm(S)))
-    assert round(values[0], 2) == 0.68 and 0.63 <= min(values) and max(values) <= 0.73
+    tried, held = values[:len(DRAWS)], values[len(DRAWS):]
+    assert round(tried[0], 2) == 0.68 and round(min(tried), 2) == 0.65 and round(max(tried), 2) == 0.72
+    assert np.abs(np.array(held) - 1 / np.sqrt(2)).max() < 0.1

@@ -4,7 +4,9 @@
   tests/test_claims_chNN.py, which asserts the chapter's sentences over at least 5 seeds;
 - no chapter states a result over fewer than five seeds, starts or draws;
 - every registered sweep has a stored table of at least 5 seeds, made under generic kernels,
-  and a claims test that re-derives one of its rows.
+  and a claims test that re-derives one of its rows;
+- every registered sweep names held-out seeds, none of them in its table, and a claims test
+  computes them (`held_out_rows` or `held_out_column` with the sweep's name) to assert on them.
 """
 
 import importlib
@@ -76,6 +78,45 @@ def test_every_sweep_is_rederived_by_a_claims_test():
     tests = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_claims_ch*.py"))
     for name in registered_sweeps():
         assert re.search(rf"rederive\(\s*['\"]{name}['\"]", tests), f"no claims test re-derives a row of {name}"
+
+
+def test_every_sweep_names_held_out_seeds_outside_its_table():
+    for name, sweep in registered_sweeps().items():
+        assert sweep.held_out, f"{name} names no held-out seeds: @seeds.sweep(..., held_out=(...))"
+        assert not set(sweep.held_out) & set(seeds.load(name)["seeds"]), f"{name}: held-out seeds in its table"
+
+
+def test_every_sweeps_held_out_seeds_are_asserted_by_a_claims_test():
+    """Statically: some claims test calls held_out_rows or held_out_column with the sweep's name
+    (a literal, or a module-level constant assigned that literal)."""
+    texts = [p.read_text() for p in (ROOT / "tests").glob("test_claims_ch*.py")]
+    for name in registered_sweeps():
+        assert any(held_out_call(text, name) for text in texts), f"no claims test runs the held-out seeds of {name}"
+
+
+def held_out_call(text, name):
+    """Whether `text` calls seeds.held_out_rows / held_out_column on `name`, directly or through a
+    constant (NAME = "..."), or through a helper taking the name (`column(key, name=...)`)."""
+    constants = [c for c, value in re.findall(r"^(\w+)\s*=\s*['\"]([^'\"]+)['\"]", text, re.M) if value == name]
+    quoted = rf"['\"]{re.escape(name)}['\"]"
+    if re.search(rf"held_out_(rows|column)\(\s*{quoted}", text):
+        return True
+    if any(re.search(rf"held_out_(rows|column)\(\s*{c}\b", text) for c in constants):
+        return True
+    # a helper whose name argument is passed on: held_out_column(name, ...) and the sweep named elsewhere
+    helper = re.search(r"held_out_(rows|column)\(\s*name\b", text)
+    return bool(helper) and (re.search(quoted, text) is not None or bool(constants))
+
+
+def test_the_static_check_finds_a_call_and_not_a_mention():
+    assert held_out_call('rows = seeds.held_out_rows("x_sweep")', "x_sweep")
+    assert held_out_call('NAME = "x_sweep"\nvalues = seeds.held_out_column(NAME, "key")', "x_sweep")
+    assert not held_out_call('seeds.rederive("x_sweep", 0)\nseeds.held_out_rows("other")', "x_sweep")
+
+
+def test_held_out_seeds_must_lie_outside_the_table():
+    with pytest.raises(ValueError, match=r"held-out seeds \[3\] are in the table's seeds"):
+        seeds.sweep("overlapping", seeds=range(5), tolerance=0.1, held_out=(3, 100))
 
 
 def test_a_sweep_needs_five_seeds_and_a_tolerance():

@@ -249,6 +249,9 @@ def test_where_communication_first_costs_as_much_as_the_compute_in_a_training_st
     ("Llama-2-70B", "ulysses", "InfiniBand NDR", {2: 4, 4: 12, 8: 29, 16: 65, 32: 149, 64: 375}),
     ("Llama-2-70B", "ring", "InfiniBand NDR", {2: 4, 4: 11, 8: 33, 16: 155, 32: None, 64: None}),
     ("Llama-2-70B", "tensor", "InfiniBand NDR", {2: 1, 4: None, 8: None}),
+    ("Llama-2-7B", "ulysses", "NVLink 4", {8: 3}), ("Llama-2-7B", "ring", "NVLink 4", {8: 6}),
+    ("Llama-2-7B", "ulysses", "InfiniBand NDR", {8: 152}),
+    ("Llama-2-7B", "ring", "InfiniBand NDR", {4: None, 8: None}),  # its k, v blocks alone outweigh the compute
 ])
 def test_the_sequences_per_step_that_hide_the_communication(model, scheme, link, expected):
     for P, B in expected.items():

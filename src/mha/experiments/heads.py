@@ -133,7 +133,7 @@ def relation_scores(model, inputs, symbols, task=TASK):
     return previous, task.partner_attention(weights, symbols).numpy()
 
 
-@seeds.sweep("ch07_two_heads", seeds=range(10), tolerance=0.05)
+@seeds.sweep("ch07_two_heads", seeds=range(10), tolerance=0.05, held_out=(100, 101))
 def two_heads(seed):
     """Chapter 7's first experiment from `seed`: two random heads and two identical heads, 400 steps.
 
@@ -158,7 +158,7 @@ def two_heads(seed):
                 "without_partner_head": TASK.part_losses(model(X, mask=knock_out_mask(2, partner_head)), Y)}
 
 
-@seeds.sweep("ch07_layouts", seeds=range(10), tolerance=0.05)
+@seeds.sweep("ch07_layouts", seeds=range(10), tolerance=0.05, held_out=(100,))
 def layouts(seed, steps=250):
     """Chapter 7's six layouts at two budgets (LAYOUTS), each trained `steps` steps from `seed`.
 
@@ -189,7 +189,7 @@ def fit(model, optimizer, seed, steps, after_step=None):
     return record
 
 
-@seeds.sweep("ch07_almost_identical", seeds=range(10), tolerance=1e-3)
+@seeds.sweep("ch07_almost_identical", seeds=range(10), tolerance=1e-3, held_out=(100, 101))
 def almost_identical(seed, steps=50):
     """Two identical heads from `seed`, then `steps` steps on batches drawn with `seed`.
 
@@ -235,7 +235,7 @@ def slope_signals(generator, batch_size=32, length=16):
     return x, (x.roll(-1, dims=-1) - x.roll(1, dims=-1)).abs()
 
 
-@seeds.sweep("ch07_conv_filters", seeds=range(20), tolerance=0.05)
+@seeds.sweep("ch07_conv_filters", seeds=range(20), tolerance=0.05, held_out=(100, 101))
 def conv_filters(seed, steps=300):
     """The exercise's network from `seed`, trained `steps` steps (lr 0.01, batches drawn with `seed`),
     from random filters and with branch 1 a copy of branch 0 (`identical_...`).
@@ -268,7 +268,7 @@ def split_step(gaps, threshold=0.1):
     return int(above[0]) if len(above) else len(gaps)
 
 
-@seeds.sweep("ch07_perturbation", seeds=range(12), tolerance=0.5)
+@seeds.sweep("ch07_perturbation", seeds=range(12), tolerance=0.5, held_out=(100,))
 def perturbation(seed, steps=600, epsilons=(1e-9, 1e-3)):
     """Two identical heads from `seed`, head 1 nudged by eps times normal noise (drawn with seed 5),
     then `steps` steps of Adam (lr 0.01) on batches drawn with `seed`; for each eps, e.g. 1e-09:

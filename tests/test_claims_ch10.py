@@ -4,7 +4,8 @@ The chapter reads two stored sweeps of mha.experiments.positions (tools/data/see
 under generic kernels): `ch10_extrapolation`, the five models trained at length 16 (and the RoPE
 one read with dynamic NTK) tested at 8 to 128, and `ch10_mixed_lengths`, the exercise's models trained on lengths 8 to 16. Each test
 below names the sentence it holds up. One row of each sweep is trained again here and must agree
-with the stored one within the sweep's tolerance. The cheap random draws (the test sets, the
+with the stored one within the sweep's tolerance, and each sweep's held-out seed (trained here, never
+stored) must keep every sentence that speaks of every seed. The cheap random draws (the test sets, the
 shuffles, the exercise's random layer) are drawn afresh here, 20 times each.
 """
 
@@ -157,11 +158,13 @@ def test_dynamic_ntk_changes_nothing_up_to_16_and_recovers_part_of_the_loss_beyo
 
 
 def test_at_128_plain_rope_looks_mostly_at_unseen_distances_and_dynamic_ntk_less_than_half():
-    """"more than three quarters of its weight to keys farther back than any distance of training, on every
-    seed, not far from an even spread"; with dynamic NTK "its weight on the unseen distances falls below one half"."""
+    """"well over half of its weight to keys farther back than any distance of training, on every seed (0.79
+    to 0.86 over these 10 seeds), not far from an even spread"; with dynamic NTK that weight "falls by at least
+    0.2 on every seed, to about one half (0.39 to 0.49 over these 10 seeds)"."""
     plain, stretched = seeds.column(SWEEP, "far_weight_rope"), seeds.column(SWEEP, "far_weight_rope_dynamic")
-    assert plain.min() > 0.75 and plain.max() < 112 / 128  # an even spread over 128 keys gives 112 / 128
-    assert stretched.max() < 0.5 and (stretched < plain).all()
+    assert plain.min() > 0.6 and abs(plain - 112 / 128).max() < 0.1  # an even spread over 128 keys gives 112 / 128
+    assert (round(plain.min(), 2), round(plain.max(), 2)) == (0.79, 0.86)
+    assert (stretched < plain - 0.2).all() and (round(stretched.min(), 2), round(stretched.max(), 2)) == (0.39, 0.49)
 
 
 def test_with_positions_the_last_assignment_gets_the_most_weight_on_every_seed():
@@ -217,3 +220,37 @@ def test_the_swap_exercise_holds_for_any_random_layer():
         assert change["none"].max() < 1e-12
         assert change["sinusoidal"].min() > 1e-2 and change["alibi"].min() > 1e-4
         assert change["alibi"].max() * 2 < change["sinusoidal"].max()
+
+
+def test_the_every_seed_sentences_hold_on_the_held_out_seeds(one_torch_thread, ceiling):
+    """Seed 100 of each sweep (trained here, about 20 s each): every sentence that says "on every seed".
+    (On seed 100 dynamic NTK leaves 0.51 of the weight on unseen distances: "other seeds land a little
+    above one half", where an earlier version said "below one half".)"""
+    for row in seeds.held_out_rows(SWEEP):
+        acc = {kind: dict(zip(lengths_for(kind, TEST_LENGTHS), row[kind])) for kind in POSITIONS}
+        rope, stretched, alibi, sinusoidal = acc["rope"], acc["rope_dynamic"], acc["alibi"], acc["sinusoidal"]
+        assert all(abs(acc["none"][n] - ceiling[n]) < 0.05 for n in TEST_LENGTHS)
+        assert acc["learned"][16] > 0.85 and sinusoidal[16] > 0.85 and alibi[16] > 0.8  # the chapter's asserts
+        assert alibi[16] < min(acc["learned"][16], sinusoidal[16]) and min(alibi.values()) > 0.8
+        for kind in ("learned", "sinusoidal"):
+            assert acc[kind][8] < acc[kind][16] - 0.1 and acc[kind][8] < 0.85, kind
+        assert sinusoidal[32] < 0.5 and sinusoidal[64] < ceiling[64] and alibi[128] > alibi[16] - 0.05
+        assert rope[16] > 0.9 and rope[16] > max(acc["learned"][16], sinusoidal[16]) - 0.01 and rope[16] > alibi[16]
+        assert rope[8] > rope[16] - 0.01 and rope[8] > 0.9
+        longer = TEST_LENGTHS[1:]
+        assert all(rope[n] < rope[shorter] for shorter, n in zip(longer, longer[1:]))
+        assert all(rope[n] > ceiling[n] and rope[n] > sinusoidal[n] for n in TEST_LENGTHS[2:])
+        assert all(rope[n] < alibi[n] and stretched[n] > rope[n] + 0.15 for n in (64, 128))
+        assert stretched[128] < alibi[128] and all(stretched[n] == rope[n] for n in (8, 16))
+        plain, dynamic = row["far_weight_rope"], row["far_weight_rope_dynamic"]
+        assert plain > 0.6 and abs(plain - 112 / 128) < 0.1 and dynamic < plain - 0.2
+        for kind in ("learned", "sinusoidal", "alibi", "rope"):
+            assert row[f"last_weight_{kind}"] > row[f"other_weight_{kind}"], kind
+        assert row["alibi_heads_on_last"][0] > 0.5 and max(row["alibi_heads_on_last"][1:]) < row["alibi_heads_on_last"][0]
+    for row in seeds.held_out_rows(MIXED):
+        mixed = {kind: dict(zip(lengths_for(kind, MIXED_LENGTHS), row[kind])) for kind in MIXED_KINDS}
+        assert mixed["learned"][8] > 0.85 and mixed["sinusoidal"][8] > 0.85  # the exercise's asserts
+        assert mixed["sinusoidal"][64] < 0.3 and mixed["alibi"][64] > 0.8
+        assert all(abs(mixed[kind][n] - mixed[kind][16]) < 0.05 for kind in ("learned", "sinusoidal") for n in (8, 12))
+        assert mixed["sinusoidal"][32] < 0.5 and mixed["sinusoidal"][64] < ceiling[64] - 0.05
+        assert abs(mixed["alibi"][64] - mixed["alibi"][8]) < 0.06

@@ -236,7 +236,7 @@ def lengths_for(kind, lengths, max_len=16):
     return tuple(n for n in lengths if kind != "learned" or n <= max_len)
 
 
-@seeds.sweep("ch10_extrapolation", seeds=range(10), tolerance=0.05)
+@seeds.sweep("ch10_extrapolation", seeds=range(10), tolerance=0.05, held_out=(100,))
 def extrapolation(seed):
     """Chapter 10's five models, trained by `train_recall` at length 16 from `seed`, and the RoPE
     one read with dynamic NTK scaling ("rope_dynamic", `stretched_rope`: no training of its own).
@@ -277,7 +277,7 @@ def extrapolation(seed):
     return row
 
 
-@seeds.sweep("ch10_mixed_lengths", seeds=range(10), tolerance=0.05)
+@seeds.sweep("ch10_mixed_lengths", seeds=range(10), tolerance=0.05, held_out=(100,))
 def mixed_lengths(seed):
     """The three kinds of MIXED_KINDS, trained by `train_recall` on the lengths 8 to 16 in turn.
 

@@ -51,7 +51,7 @@ def gated_feed_forward(X, W_gate, W_up, W_down, activation="silu"):
     """act(X W_gate) * (X W_up), then @ W_down: (..., d) -> (..., d).
 
     X: (..., d), W_gate and W_up: (d, d_ff), W_down: (d_ff, d); no biases.
-    activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, GELU's tanh approximation).
+    activation: "silu" (SwiGLU) or "gelu_tanh" (Gemma's GeGLU, with GELU's tanh approximation; Shazeer's uses the exact GELU).
     """
     if activation not in GATES:
         raise ValueError(f'activation must be "silu" (SwiGLU) or "gelu_tanh" (GeGLU), got {activation!r}')

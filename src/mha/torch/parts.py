@@ -66,7 +66,7 @@ GATES = {"silu": F.silu, "gelu_tanh": ACTIVATIONS["gelu_tanh"]}
 class GatedFeedForward(nn.Module):
     """act(x W_gate) * (x W_up), then W_down: (..., T, d_model) -> (..., T, d_model), no biases.
 
-    activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU with GELU's tanh approximation).
+    activation: "silu" (SwiGLU) or "gelu_tanh" (Gemma's GeGLU, with GELU's tanh approximation; Shazeer's uses the exact GELU).
     """
 
     def __init__(self, d_model, d_ff, *, activation="silu", device=None, dtype=None):

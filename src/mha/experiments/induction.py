@@ -293,7 +293,7 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
-@seeds.sweep("ch11_knockouts", seeds=range(10), tolerance=0.25)
+@seeds.sweep("ch11_knockouts", seeds=range(10), tolerance=0.25, held_out=(101,))
 def knock_outs_over_seeds(seed):
     """One row of chapter 11's table: the model of `seed`, trained like the shipped one (seed 0 is the
     shipped model), read by `read_model` after LIVE_STEPS (keys "live_...") and SHIPPED_STEPS, and its

@@ -252,3 +252,14 @@ def test_the_numpy_face_is_close_to_llamas_tables_not_equal():
         equal.append(np.array_equal(ours[0], cos.numpy()) and np.array_equal(ours[1], sin.numpy()))
     assert not all(equal)  # "close to Llama's, not equal"
     assert np.spacing(np.float32(4095)) == 2.0 ** -12  # "a float32 step of an angle near position 4095"
+
+
+def test_a_table_saved_from_rows_in_any_order_lists_its_seeds_in_order(tmp_path, monkeypatch):
+    """seeds.save sorts the rows and, since #39, the list of seeds beside them (the 45-seed table was
+    first written from rows in the order a pool of processes finished them)."""
+    stored = seeds.load(SHARING)
+    assert stored["seeds"] == [row["seed"] for row in stored["rows"]]
+    monkeypatch.setattr(seeds, "TABLES", tmp_path)
+    seeds.save("unordered", [{"seed": 3, "x": 1.0}, {"seed": 1, "x": 2.0}, {"seed": 2, "x": 3.0}])
+    table = seeds.load("unordered")
+    assert table["seeds"] == [1, 2, 3] == [row["seed"] for row in table["rows"]]

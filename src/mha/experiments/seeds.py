@@ -102,7 +102,7 @@ def load(name):
 def save(name, rows, **notes):
     """Write a sweep's rows (sorted by seed) and notes to `seed_tables/<name>.json`."""
     TABLES.mkdir(exist_ok=True)
-    about = {"name": name, "seeds": [row["seed"] for row in rows], **notes}
+    about = {"name": name, "seeds": sorted(row["seed"] for row in rows), **notes}
     text = json.dumps({**about, "rows": sorted(rows, key=lambda row: row["seed"])}, indent=1, sort_keys=True)
     table_path(name).write_text(text + "\n")
 

@@ -1,6 +1,6 @@
 """Chapter 12's sharing experiment as library code: the grouped model, what its keys and values
 cost, the seeded training, and the row that the sweep "ch12_sharing" stores per seed. What the
-trained models show over the 15 seeds is asserted in tests/test_claims_ch12.py, on the stored table."""
+trained models show over the 45 seeds is asserted in tests/test_claims_ch12.py, on the stored table."""
 
 import torch
 

@@ -21,7 +21,7 @@ from mha.text.training import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOL = "tools.data.train_lm"  # run as a module from the repository root
+TOOL = "mha.text.train"  # the command the chapter gives the learner, run as a module
 TINY = RUNS["tiny"][0]
 # The shipped run retrained from scratch under generic kernels and one thread: its first steps'
 # training losses must equal the stored ones (made with the machine's own kernels) to this relative
@@ -180,3 +180,19 @@ def test_torchrun_two_processes_equal_one(tmp_path):
         if a["val_loss"] is not None:
             assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-5)
     assert single[-1]["train_loss"] != single[0]["train_loss"]
+
+
+def test_a_run_goes_into_runs_under_the_current_folder_never_into_the_shipped_models(tmp_path):
+    """What the chapter tells the learner to run (python -m mha.text.train) writes runs/<preset>/ where it is run;
+    the shipped models of src/mha/text/trained/ change only when --out names them."""
+    from mha.experiments.writing import TRAINED
+
+    before = {path: path.stat().st_mtime_ns for path in TRAINED.rglob("*")}
+    environment = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT / "src")}
+    result = subprocess.run([sys.executable, "-m", TOOL, "--preset", "tiny", "--quiet"], capture_output=True,
+                            text=True, env=environment, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    stored = tmp_path / "runs" / "tiny"
+    assert {path.name for path in stored.iterdir()} == {"weights.npz", "tokenizer.json", "run.json"}
+    assert f"stored the run in {Path('runs') / 'tiny'}" in result.stdout
+    assert {path: path.stat().st_mtime_ns for path in TRAINED.rglob("*")} == before

@@ -32,6 +32,7 @@ RUNS = {
 }
 REPEAT_LENGTH = 64  # tokens in each snippet of real code that is repeated to find the induction heads
 INDUCTION_SNIPPETS = 32
+PREFIX_TARGETS = 128  # scoring.json keeps the stride-1 nats of the test text's first context + 128 targets
 
 
 def make_tokenizer(config, train_text):
@@ -108,6 +109,56 @@ def stored_model(run="char", *, dtype=torch.float32):
 def stored_seeds():
     """The seeds run's stored table (tools/data/train_lm.py --run seeds)."""
     return json.loads((TRAINED / "seeds.json").read_text())
+
+
+def nucleus_positions(model, tokenizer, text, window=256):
+    """The model's float64 logits at every position of `text`, read in windows of `window` characters (the
+    last partial window left out): (logits (n, V), the character before each position (n,), the token that
+    came next (n,)), n = a multiple of window."""
+    n = (len(text) - 1) // window * window
+    ids = torch.as_tensor(tokenizer.encode(text[:n + 1]))  # (n + 1,)
+    with torch.inference_mode():
+        rows = ids[:-1].reshape(-1, window)  # (n / window, window)
+        logits = torch.cat([model(rows[i:i + 64]) for i in range(0, len(rows), 64)])  # (n / window, window, V)
+    return logits.reshape(n, -1).double().numpy(), np.array(list(text[:n])), ids[1:].numpy()
+
+
+def nucleus_summary(logits, before, came_next, p=0.9, k=5):
+    """What top-p keeps, and how honest the model is, at every position: logits (n, V), before (n,) the
+    character before each position, came_next (n,) the token that followed. The groups: after a space that
+    follows a word (between words), after a space that follows a space or a newline (indentation), inside a
+    name, after a newline, after anything else."""
+    import mha.numpy as mnp
+
+    probs = mnp.softmax(logits)  # (n, V)
+    kept = np.isfinite(mnp.filter_logits(logits, top_p=p))  # (n, V): the nucleus of every position
+    sizes = kept.sum(axis=-1)  # (n,)
+    earlier = np.concatenate([["\n"], before[:-1]])  # the character two before each position
+    space = before == " "
+    groups = {"between words": space & ~np.isin(earlier, [" ", "\n"]), "indentation": space & np.isin(earlier, [" ", "\n"]),
+              "inside a name": np.char.isalnum(before) | (before == "_"), "after a newline": before == "\n"}
+    groups["after anything else"] = ~(space | groups["inside a name"] | groups["after a newline"])
+    inside = kept[np.arange(len(came_next)), came_next]
+    return {"positions": int(len(sizes)), "median": float(np.median(sizes)), "largest": int(sizes.max()),
+            "one_alone": float(np.mean(sizes == 1)),
+            "groups": {name: {"positions": int(where.sum()), "median": float(np.median(sizes[where]))}
+                       for name, where in groups.items()},
+            "top_k_drops_a_tenth": float(np.mean(np.sort(probs, axis=-1)[:, -k:].sum(axis=-1) < 0.9)),
+            "top_k_keeps_more": float(np.mean(sizes < k)),
+            "inside": float(inside.mean()), "nucleus_mass": float(np.where(kept, probs, 0).sum(axis=-1).mean()),
+            "top_1_right": float(np.mean(probs.argmax(axis=-1) == came_next)), "top_1_mass": float(probs.max(axis=-1).mean()),
+            "histogram": np.bincount(sizes).tolist()}
+
+
+def stored_nucleus():
+    """nucleus_summary of the character model on the whole test text, and on each fifth of it (nucleus.json)."""
+    return json.loads((TRAINED / "nucleus.json").read_text())
+
+
+def stored_scoring():
+    """The two models' bits per character under each scoring stride (tools/data/score_protocols.py):
+    {"runs": {"char" | "bpe": {"context", "rows": [{"stride", "min_context", "test_bpc", ...}], ...}}}."""
+    return json.loads((TRAINED / "scoring.json").read_text())
 
 
 def nats_to_bits(nats):

@@ -1,19 +1,23 @@
 """Train chapter 14's language models on the CPython standard library, from scratch.
 
-    python -m tools.data.train_lm --preset char          # the shipped character model
-    python -m tools.data.train_lm --preset bpe           # the shipped BPE model
-    python -m tools.data.train_lm --preset seeds         # the smaller run, on seeds 0 .. 4 (the claims table)
-    python -m tools.data.train_lm --preset char --resume # carry on from the last checkpoint
-    torchrun --nproc_per_node 2 -m tools.data.train_lm --preset char   # the same run, DistributedDataParallel
+    python -m mha.text.train --preset tiny              # 20 steps, a few seconds: into runs/tiny/
+    python -m mha.text.train --preset char              # the character model's run: into runs/char/
+    python -m mha.text.train --preset bpe               # the BPE model's run: into runs/bpe/
+    python -m mha.text.train --preset seeds             # the smaller run, on seeds 0 .. 4: runs/seeds/seeds.json
+    python -m mha.text.train --preset char --resume     # carry on from the last checkpoint
+    torchrun --nproc_per_node 2 -m mha.text.train --preset char   # the same run, DistributedDataParallel
 
-Each run writes its weights, tokenizer, loss curve and measured results into
-src/mha/text/trained/<run>/ (the seeds run: src/mha/text/trained/seeds.json), where the
-chapter reads them. Checkpoints go to .cache/train_lm/<run>.pt every `checkpoint_every` steps.
+Each run writes its weights, tokenizer, loss curve and measured results into the folder `--out`
+(default runs/<preset>/ under the current folder; the seeds run writes seeds.json there). It never
+writes into the shipped models of src/mha/text/trained/ unless `--out` names that folder: the
+maintainers retrain them with `--out src/mha/text/trained/char` (and bpe; `--out src/mha/text/trained`
+for the seeds table). Checkpoints go to .cache/train_lm/<run>.pt every `checkpoint_every` steps.
 Under torchrun each process computes its rows of the same global batch (gloo on CPUs, NCCL when
 every process has a GPU); rank 0 alone prints, checkpoints and stores.
 
 `--stop-at N` ends after step N (the schedule still aims at the full run), `--curve-out F`
-writes the curve as JSON: the tests use both to retrain a run's first steps.
+writes the curve as JSON and stores nothing: the tests use both to retrain a run's first steps.
+(`tools/data/train_lm.py` is the same command, kept for the maintainers' habits.)
 """
 
 import argparse
@@ -29,12 +33,11 @@ import torch.distributed as dist
 
 from mha.text import load_splits
 from mha.experiments.writing import (
-    RUNS, TRAINED, encode_splits, induction_summary, make_tokenizer, measure, seed_summary,
+    RUNS, encode_splits, induction_summary, make_tokenizer, measure, seed_summary,
 )
 from mha.text.training import save_model, train
 
-ROOT = Path(__file__).resolve().parents[2]
-CHECKPOINTS = ROOT / ".cache" / "train_lm"
+CHECKPOINTS = Path(".cache") / "train_lm"  # under the current folder
 
 
 def parse_arguments(argv):
@@ -45,6 +48,8 @@ def parse_arguments(argv):
     parser.add_argument("--stop-at", type=int, default=None, help="stop after this step (the schedule is unchanged)")
     parser.add_argument("--steps", type=int, default=None, help="override the run's number of steps")
     parser.add_argument("--curve-out", type=Path, default=None, help="write the loss curve here, and store nothing")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the folder the run writes (default runs/<preset>; the shipped models only if named)")
     parser.add_argument("--checkpoint", type=Path, default=None, help="the checkpoint file (default .cache/train_lm)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -52,6 +57,8 @@ def parse_arguments(argv):
     arguments = parser.parse_args(argv)
     if arguments.checkpoint is not None and arguments.checkpoint.suffix != ".pt":
         parser.error(f"--checkpoint {arguments.checkpoint}: a checkpoint is a .pt file (a fresh run deletes it)")
+    if arguments.out is None:
+        arguments.out = Path("runs") / arguments.preset
     return arguments
 
 
@@ -75,6 +82,7 @@ def train_one(config, splits, arguments, name, device):
     tokenizer = make_tokenizer(config, splits["train"])
     ids = encode_splits(tokenizer, splits)
     checkpoint = arguments.checkpoint or CHECKPOINTS / f"{name}.pt"
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
     if not arguments.resume and checkpoint.exists() and arguments.stop_at is None:
         checkpoint.unlink()  # a fresh run starts from scratch
     start = time.perf_counter()
@@ -115,9 +123,12 @@ def main(argv=None):
         if arguments.preset == "seeds":
             rows.append({"seed": config.seed, **results})
         elif arguments.stop_at is None:
-            save_model(TRAINED / arguments.preset, model, config, tokenizer, curve, results)
+            save_model(arguments.out, model, config, tokenizer, curve, results)
+            print(f"stored the run in {arguments.out}", flush=True)
     if rows and rank == 0 and arguments.stop_at is None:
-        (TRAINED / "seeds.json").write_text(json.dumps(seed_summary(configs[0], rows), indent=1) + "\n")
+        arguments.out.mkdir(parents=True, exist_ok=True)
+        (arguments.out / "seeds.json").write_text(json.dumps(seed_summary(configs[0], rows), indent=1) + "\n")
+        print(f"stored the table in {arguments.out / 'seeds.json'}", flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -148,12 +148,18 @@ def mean_loss(model, batch):
 
 
 @torch.no_grad()
+@torch.no_grad()
 def text_nats(model, ids, context, *, stride=None, batch_size=16):
     """The total loss in nats of predicting ids[1:] (the first token has no context), each token seen
     with at least context - stride tokens before it (windows of context tokens, stride apart; stride
-    defaults to context / 2). Returns (total nats, number of tokens scored)."""
+    defaults to context / 2). With stride 1, every token after the first window is predicted from the
+    `context` tokens before it, the longest context the model trained on. The ids go to the model's
+    device. Returns (total nats, number of tokens scored)."""
     stride = stride or context // 2
-    ids = torch.as_tensor(ids)
+    if not 1 <= stride <= context:
+        raise ValueError(f"stride must be in [1, context = {context}], got {stride}")
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(ids).to(device)
     n = len(ids)
     starts = list(range(0, max(1, n - context), stride))
     total, scored, next_target = 0.0, 0, 1  # next_target: the first position not scored yet
@@ -162,11 +168,13 @@ def text_nats(model, ids, context, *, stride=None, batch_size=16):
         batch = torch.stack([ids[s:s + context + 1] for s in chunk]) if n > context else ids[None]  # (b, <= T+1)
         logits = model(batch[:, :-1])  # (b, T, V)
         losses = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")  # (b, T)
-        for row, s in enumerate(chunk):
-            first = next_target - (s + 1)  # the first target of this window not yet scored
-            total += losses[row, first:].double().sum().item()
-            scored += losses.shape[1] - first
+        firsts = []  # for each window, the first of its targets not yet scored
+        for s in chunk:
+            firsts.append(next_target - (s + 1))
             next_target = s + 1 + losses.shape[1]
+        fresh = torch.arange(losses.shape[1], device=device)[None] >= torch.tensor(firsts, device=device)[:, None]
+        total += (losses.double() * fresh).sum().item()
+        scored += int(fresh.sum().item())
     if next_target < n:  # the tail after the last full window
         tail = ids[max(0, n - context - 1):]
         losses = F.cross_entropy(model(tail[None, :-1])[0], tail[1:], reduction="none")

@@ -19,7 +19,8 @@ from mha.experiments.positions import (MIXED_KINDS, MIXED_LENGTHS, POSITIONS, TE
                                        held_out, lengths_for)
 
 TASK = LastAssignmentTask()
-SWEEP, MIXED = "ch10_extrapolation", "ch10_mixed_lengths"
+SWEEP = "ch10_extrapolation"
+MIXED = "ch10_mixed_lengths"
 
 
 def accuracies(name, kind, lengths):

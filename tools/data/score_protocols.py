@@ -41,7 +41,7 @@ def measure(run, device, strides=STRIDES):
     for stride in strides:
         start = time.perf_counter()
         nats, scored = text_nats(model, ids, config.context, stride=stride, batch_size=256)
-        rows.append({"stride": stride, "min_context": config.context - stride,
+        rows.append({"stride": stride, "min_context": config.context - stride + 1,
                      "test_bpc": round(bits_per_character(nats, characters), 5), "tokens_scored": scored})
         print(run, rows[-1], f"{time.perf_counter() - start:.0f} s", flush=True)
     prefix, _ = text_nats(model, ids[:writing.PREFIX_TARGETS + 1 + config.context], config.context, stride=1)

@@ -6,8 +6,9 @@
   describes it. (The curves, the table of bits per character, the heads, the Experiment on the nucleus
   (ex-ch14-nucleus), and the general claims over the 5 seeds of the smaller run: tests/test_claims_ch14_models.py.)
 - The tiny run trained live in the chapter learns, and resumes exactly, on every one of 5 seeds.
-- The samples: the chapter's sentences about temperature and top-p hold on its own batch of 5 samples per
-  setting and on 5 more batches of 5; its assert (no draw near another outcome) holds on all of them.
+- The samples: the chapter's sentences about temperature and top-p hold on its own 5 samples per setting and
+  on two pools of 25 more, drawn with seeds 1 and 2 (medians over each; a batch of 5 is too small for an order
+  to hold on every seed); its assert (no draw near another outcome) holds on all of them.
 """
 
 import json
@@ -142,58 +143,61 @@ def draw(model, tokenizer, known, options, n_samples, seed):
     return shares, own, closest_call(step_logits, u, **options), texts
 
 
+POOLED_SEEDS = (1, 2)  # 25 samples per setting drawn with each: seeds the chapter never drew with
+
+
 @pytest.fixture(scope="module")
 def drawn(char, splits):
-    """For each setting, 6 batches of 5 samples of 200 characters after "def ": the chapter's own (seed 0), then 5
-    more (one batch of 25 drawn with seed 1). {setting: (shares (6, 5), own bits (6, 5), closest call, the first
-    text shown)}."""
+    """For each setting, the chapter's 5 samples of 200 characters after "def " (seed 0), then 25 more drawn with each
+    of POOLED_SEEDS. {setting: (shares [5, 25, 25], own bits [5, 25, 25], closest call, the first text shown)}."""
     model, _, _, tokenizer = char
     known = set(NAME.findall(splits["train"]))
     found = {}
     for label, options in SETTINGS.items():
         shown = draw(model, tokenizer, known, options, PER_BATCH, seed=0)
-        more = draw(model, tokenizer, known, options, BATCHES * PER_BATCH, seed=1)
-        found[label] = (np.concatenate([shown[0][None], more[0].reshape(BATCHES, PER_BATCH)]),
-                        np.concatenate([shown[1][None], more[1].reshape(BATCHES, PER_BATCH)]), min(shown[2], more[2]),
-                        shown[3][0])  # the first of the chapter's samples, which it prints
+        pools = [draw(model, tokenizer, known, options, BATCHES * PER_BATCH, seed=seed) for seed in POOLED_SEEDS]
+        found[label] = ([shown[0]] + [pool[0] for pool in pools], [shown[1]] + [pool[1] for pool in pools],
+                        min([shown[2]] + [pool[2] for pool in pools]), shown[3][0])  # the first sample, printed
     return found
 
 
 def test_the_samples_print_the_same_everywhere_on_every_draw(drawn):
-    """The chapter's assert: no draw comes within 1e-9 of another outcome, on its draws and 25 more per setting."""
+    """The chapter's assert: no draw comes within 1e-9 of another outcome, on its draws and 50 more per setting."""
     assert min(nearest for _, _, nearest, _ in drawn.values()) > 1e-9
 
 
 def medians(drawn, label, which):
-    """(5,): the median of a measure over each batch of 5 samples. which: 0 the known-name share, 1 the own bits."""
-    return np.median(drawn[label][which], axis=1)
+    """(3,): the median of a measure over the chapter's 5 samples, then over each pool of 25.
+    which: 0 the known-name share, 1 the own bits."""
+    return np.array([np.median(group) for group in drawn[label][which]])
 
 
-def test_a_higher_temperature_writes_fewer_known_names_at_a_higher_cost_on_every_batch(drawn):
+def test_a_higher_temperature_writes_fewer_known_names_at_a_higher_cost_in_every_pool(drawn):
     """"As the temperature rises from 0.5 to 1 to 1.5, the median share of known names falls and the cost rises"."""
     labels = ("temperature 0.5", "temperature 1", "temperature 1.5")
-    shares = np.array([medians(drawn, label, 0) for label in labels])  # (3, 6)
+    shares = np.array([medians(drawn, label, 0) for label in labels])  # (3, 3)
     costs = np.array([medians(drawn, label, 1) for label in labels])
     assert np.all(shares[0] > shares[1]) and np.all(shares[1] > shares[2]), shares
     assert np.all(costs[0] < costs[1]) and np.all(costs[1] < costs[2]), costs
 
 
-def test_top_p_at_temperature_1_beats_temperature_1_alone_on_both_measures_on_every_batch(drawn):
+def test_top_p_at_temperature_1_beats_temperature_1_alone_on_both_measures_in_every_pool(drawn):
     assert np.all(medians(drawn, "temperature 1, top-p 0.9", 0) > medians(drawn, "temperature 1", 0))
     assert np.all(medians(drawn, "temperature 1, top-p 0.9", 1) < medians(drawn, "temperature 1", 1))
 
 
-def test_top_p_at_temperature_15_cuts_the_cost_by_a_quarter_but_its_names_stay_worse_on_every_batch(drawn):
-    """"At temperature 1.5 it cuts the cost by more than a quarter, but its names stay worse than at temperature 1
-    with top-p"."""
+def test_top_p_at_temperature_15_cuts_the_cost_by_a_quarter_but_its_names_stay_worse_in_every_pool(drawn):
+    """"At temperature 1.5 it cuts the median cost by more than a quarter (45% on the samples above, 41% and 33% on
+    the two pools of 25), but its names stay worse than at temperature 1 with top-p"."""
     ratio = medians(drawn, "temperature 1.5, top-p 0.9", 1) / medians(drawn, "temperature 1.5", 1)
     assert np.all(ratio < 0.75), ratio
+    assert [round(100 * (1 - r)) for r in ratio] == [45, 41, 33], ratio
     assert np.all(medians(drawn, "temperature 1.5, top-p 0.9", 0) < medians(drawn, "temperature 1, top-p 0.9", 0))
 
 
-def test_top_p_05_writes_as_cautiously_as_temperature_05_on_every_batch(drawn):
+def test_top_p_05_writes_as_cautiously_as_temperature_05_in_every_pool(drawn):
     """"Top-p 0.5 writes as cautiously as temperature 0.5": on both, nine names in ten or more are known, and the
-    text costs the model less than 0.8 bits per character."""
+    text costs the model less than 0.8 bits per character (medians of the chapter's 5 and of each pool of 25)."""
     for label in ("temperature 0.5", "temperature 1, top-p 0.5"):
         assert np.all(medians(drawn, label, 0) >= 0.9) and np.all(medians(drawn, label, 1) < 0.8), label
 

@@ -2,7 +2,7 @@
 asserted on the stored files and on the weights (CONTRIBUTING.md, "Claims hold beyond the case tried"): the
 curves, the table of bits per character, the heads, and the Experiment on the nucleus (ex-ch14-nucleus), over
 the whole test text and on stretches of it that the stored table did not cut.
-The general claims hold on every one of the 5 seeds of the smaller run that tools/data/train_lm.py --preset
+The general claims hold on every one of the 5 seeds of the smaller run that python -m mha.text.train --preset
 seeds trained and stored (seeds.json): it beats gzip and no stronger compressor, and grows no induction head.
 (The stored figures, the samples and the tiny run: tests/test_claims_ch14.py.)
 """

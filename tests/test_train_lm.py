@@ -1,4 +1,4 @@
-"""Chapter 14's training (mha.text.training, tools/data/train_lm.py): the schedule, the loss of a text,
+"""Chapter 14's training (mha.text.training, python -m mha.text.train): the schedule, the loss of a text,
 checkpoints that resume, the stored curve retrained from scratch, and DistributedDataParallel
 under torchrun equal to one process."""
 

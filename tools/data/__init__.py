@@ -2,7 +2,7 @@
 
     make_corpus.py       the command: rebuild the text corpus (CPython's Lib/*.py) in src/mha/text/data/
     corpus_baselines.py  the command: the corpus's baselines (n-grams, compressors) in bits per character
-    train_lm.py          the command: train chapter 14's language models (also under torchrun)
+    score_protocols.py   the command: chapter 14's models under every scoring stride, and the nucleus answers
     train_induction.py   the command: retrain chapter 11's small Transformer, and its table over seeds
     seed_sweeps.py       the command: run the chapters' seed sweeps and store their tables
 

@@ -1,6 +1,6 @@
 """Chapter 14's experiment: language models of Python's standard library, measured.
 
-RUNS names the configurations `tools/data/train_lm.py` trains: the shipped character model
+RUNS names the configurations `python -m mha.text.train` trains: the shipped character model
 ("char"), the shipped BPE model ("bpe"), the smaller run trained on five seeds ("seeds") and a
 tiny one for the tests ("tiny"). `measure` computes a trained model's bits per character on the
 test text; `induction_summary` finds its induction heads on repeated snippets of real code.
@@ -107,7 +107,7 @@ def stored_model(run="char", *, dtype=torch.float32):
 
 
 def stored_seeds():
-    """The seeds run's stored table (tools/data/train_lm.py --run seeds)."""
+    """The seeds run's stored table (python -m mha.text.train --preset seeds)."""
     return json.loads((TRAINED / "seeds.json").read_text())
 
 

@@ -17,7 +17,6 @@ every process has a GPU); rank 0 alone prints, checkpoints and stores.
 
 `--stop-at N` ends after step N (the schedule still aims at the full run), `--curve-out F`
 writes the curve as JSON and stores nothing: the tests use both to retrain a run's first steps.
-(`tools/data/train_lm.py` is the same command, kept for the maintainers' habits.)
 """
 
 import argparse

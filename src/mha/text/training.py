@@ -9,7 +9,7 @@ generator seeded with (seed, s). So a run resumed from a checkpoint sees the sam
 have seen, and `world_size` processes under `torchrun` (DistributedDataParallel, each rank
 taking its rows of the same global batch) see the samples one process sees.
 
-`tools/data/train_lm.py` runs it from the command line; the chapter reads what it stored.
+`python -m mha.text.train` (src/mha/text/train.py) runs it from the command line; the chapter reads what it stored.
 """
 
 import json

@@ -270,3 +270,18 @@ def test_a_transformers_4_config_is_refused(fields, named):
     attention.config = transformers_4_config(**fields)
     message = refusal(attention)
     assert named in message and f"model_type={fields['model_type']!r} (LlamaAttention)" in message
+
+
+def test_a_layer_with_attention_dropout_copies_for_inference_and_refuses_train_by_name():
+    """The copy computes without dropout: a layer whose attention_dropout is set is copied in eval() mode
+    (equal to transformers' eval), and train() is refused, naming the field; with dropout 0, train() is fine."""
+    attention, rotary = hf_layer("llama", attention_dropout=0.5)
+    with pytest.raises(ValueError, match="attention_dropout=0.5"):
+        mt.GroupedQueryAttention.from_llama(attention.train(), rope_base=theta(attention))
+    ours = mt.GroupedQueryAttention.from_llama(attention.eval(), rope_base=theta(attention))
+    x = torch.randn(2, 7, 32)
+    torch.testing.assert_close(ours(x, causal=True)[0], hf_forward(attention, rotary, x), **TOLERANCE)
+    with pytest.raises(ValueError, match="attention_dropout"):
+        ours.train()
+    without, _ = hf_layer("llama", attention_dropout=0.0)
+    assert mt.GroupedQueryAttention.from_llama(without.train(), rope_base=theta(without)).training

@@ -231,7 +231,18 @@ class GroupedQueryAttention(nn.Module):
         q_proj = attention.q_proj  # (n_heads * d_head, d_model), as nn.Linear stores it
         ours = cls(q_proj.in_features, **arguments, device=q_proj.weight.device, dtype=q_proj.weight.dtype)
         hf_weights.copy_attention(ours, attention)  # q_proj, k_proj, v_proj, o_proj into W_q, W_k, W_v, W_o
+        ours.refused_dropout = hf_configuration.dropouts(getattr(attention, "config", None))  # train() names them
         return ours.train(attention.training)
+
+    def train(self, mode=True):
+        """As nn.Module's; but a copy of a layer with attention dropout (`from_llama`) refuses training mode: it
+        computes without dropout, and would be silently different from the layer it copies."""
+        if mode and getattr(self, "refused_dropout", None):
+            raise ValueError(f"cannot train this copy: the layer it copies has dropout "
+                             f"({', '.join(self.refused_dropout)}), which GroupedQueryAttention does not compute. "
+                             f"Use eval(), or copy a layer whose "
+                             f"attention_dropout is 0")
+        return super().train(mode)
 
     def numpy_params(self):
         """The keyword arguments of `mha.numpy.grouped_query_attention`, in the row-vector convention:

@@ -15,6 +15,8 @@
   per way of adding positions, trained and tested at other lengths (chapter 10).
 - `induction`: repeated segments of letters, a small decoder-only Transformer trained on them,
   and the scores, knock-outs and shipped weights that find its induction heads (chapter 11).
+- `model_facts`: what a Hugging Face causal LM's modules say about its family, where its norms sit
+  (chapter 13's table).
 - `writing`: chapter 14's language models of real code, measured (bits per character,
   induction heads).
 - `parallel`: chapter 15's one launch (every scheme of `mha.distributed` against one process),

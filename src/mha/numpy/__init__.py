@@ -46,6 +46,7 @@ from mha.numpy.model import (
     warmup_factor,
 )
 from mha.numpy.lm import transformer_lm
+from mha.numpy.quantization import dequantize_q4_1, dequantize_q8_0, quantize_q4_1
 from mha.numpy.parts import gated_feed_forward, geglu, rms_norm, silu, soft_cap, swiglu
 from mha.numpy.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
 from mha.numpy.training import clip_grad_norm, merge_pair, warmup_cosine
@@ -91,4 +92,6 @@ __all__ = [
     "attention_partial", "merge_partials", "ring_attention", "all_reduce_bytes", "payload_per_layer", "wire_bytes",
     # what one rank computes, the ranks as a list: chapter 15's exercises
     "ulysses_all_to_all", "ring_attention_lists", "rank_partial_output",
+    # a GGUF file's blocks, read and written (chapter 16)
+    "dequantize_q4_1", "dequantize_q8_0", "quantize_q4_1",
 ]

@@ -42,6 +42,7 @@ from mha.torch.model import (
     DecoderOnlyTransformer, causal_lm_loss, cross_entropy, generate_greedy, warmup_factor, warmup_schedule,
 )
 from mha.torch.lm import LMBlock, LMConfig, TransformerLM, from_transformers, positions_from_mask
+from mha.torch.quantization import dequantize_q4_1, dequantize_q8_0, quantize_q4_1
 from mha.torch.parts import GatedFeedForward, GeGLU, RMSNorm, SwiGLU, soft_cap
 from mha.torch.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
 from mha.torch.rotary import RotaryTables, apply_rotary, rotary_embedding, rotary_frequencies, rotate_half
@@ -72,4 +73,6 @@ __all__ = [
     "RMSNorm", "GatedFeedForward", "SwiGLU", "GeGLU", "soft_cap",
     # sampling (chapter 14)
     "filter_logits", "generate", "apply_temperature", "top_k_filter", "top_p_filter",
+    # a GGUF file's blocks, read and written (chapter 16)
+    "dequantize_q4_1", "dequantize_q8_0", "quantize_q4_1",
 ]

@@ -120,7 +120,8 @@ def test_the_random_cases_hold_float32_and_4_d_arrays(name):
     """Whatever the seed: float32 and arrays of 4 dimensions or more. Exceptions: the masks, the
     cache's size and the sinusoidal table take sizes only; ALiBi's bias takes the slopes (h,), so
     its arrays are 1-D (float32 all the same); RoPE's scaled frequencies take numbers; the greedy generation loop
-    takes token ids (integers), and so does a BPE merge (a list); the learning rate of a step takes numbers."""
+    takes token ids (integers), and so does a BPE merge (a list); the learning rate of a step takes numbers; a GGUF
+    block is bytes (uint8), in 4-D batches all the same."""
     sizes_only = ("causal_mask", "padding_mask", "kv_cache_bytes", "sinusoidal_positions", "generate_greedy",
                   "sliding_window_mask", "loss_to_bits_per_character", "all_reduce_bytes", "merge_pair",
                   "warmup_cosine", "ntk_frequencies")
@@ -128,7 +129,7 @@ def test_the_random_cases_hold_float32_and_4_d_arrays(name):
         arrays = [a for case in CHECKS[name].make_random_cases(np.random.default_rng(seed))
                   for a in arrays_in((case.args, case.kwargs))]
         if name not in sizes_only:
-            assert any(a.dtype == np.float32 for a in arrays), name
+            assert any(a.dtype == (np.uint8 if name == "dequantize_q4_1" else np.float32) for a in arrays), name
             if name != "alibi_bias":
                 assert any(a.ndim >= 4 for a in arrays), name
 

@@ -79,6 +79,9 @@ class Mistake:
     name: str  # which function it imitates
     hint: str  # what the learner should read
     fn: Callable
+    # A mistake of the answer's dtype (say float16 where the text asks float32): its hint, not the general one,
+    # answers a wrong dtype that its answer has too (see `dtype_hint`).
+    dtype: bool = False
 
 
 @dataclass
@@ -157,10 +160,10 @@ def random_cases_for(name):
     return register
 
 
-def mistake(name, hint):
-    """Register a wrong implementation of `mha.numpy.<name>` and the hint for it."""
+def mistake(name, hint, dtype=False):
+    """Register a wrong implementation of `mha.numpy.<name>` and the hint for it (`dtype`: see `Mistake`)."""
     def register(fn):
-        registered(name).mistakes.append(Mistake(name, hint, fn))
+        registered(name).mistakes.append(Mistake(name, hint, fn, dtype))
         return fn
     return register
 
@@ -182,6 +185,24 @@ def matching_hint(check, case, got):
                 return m.hint
         except Exception:
             continue
+    return None
+
+
+def dtype_hint(check, case, got):
+    """The hint of the first catalogued mistake of the dtype (`Mistake.dtype`) whose answer on `case` has the dtypes of
+    `got`, if any: where the answer's dtype is wrong, its values are not what the hint is about."""
+    try:
+        dtypes = [np.asarray(a).dtype for a in flatten(got, check.returns)]
+    except ValueError:
+        return None
+    for m in check.mistakes:
+        try:
+            with np.errstate(all="ignore"):
+                wrong = flatten(case.call(m.fn), check.returns)
+        except Exception:
+            continue
+        if m.dtype and [np.asarray(a).dtype for a in wrong] == dtypes:
+            return m.hint
     return None
 
 
@@ -316,7 +337,8 @@ INTEGER_HINT = ("return a float, not a whole number: true division (/) gives one
 def failure_message(check, case, got, problem, fn_name, seed):
     """The whole message of a wrong answer: the case, the problem, the hint of a matching mistake, the seed."""
     if "expected dtype" in problem:
-        hint = INTEGER_HINT if re.search(r"expected dtype float\d+, got u?int", problem) else DTYPE_HINT
+        hint = dtype_hint(check, case, got) or (
+            INTEGER_HINT if re.search(r"expected dtype float\d+, got u?int", problem) else DTYPE_HINT)
     elif got is RAISED_AS_REQUIRED or any(words in problem for words in ("in place", "at its peak", "shares memory")):
         hint = None  # the answer's values are not what is wrong: no mistake's hint fits
     else:

@@ -200,3 +200,11 @@ RING_LOOP_FORBIDS = routes_but(SOFTMAX_ROUTES, "attention_partial", "merge_parti
 # tensor_parallel_attention returns every rank's partial output: the answer (the text permits shard_by_heads and
 # multihead_attention, which call none of it).
 RANK_PARTIAL_FORBIDS = ("tensor_parallel_attention",)
+
+# Chapter 16 -----------------------------------------------------------------------------------------------
+
+# No other function of mha turns Q4_1 blocks into weights: mnp.dequantize_q4_1 is the exercise (refused with its
+# mha.torch twin), and mha.experiments.smollm2 reaches it only through mha.numpy's, refused from outside the library.
+# The gguf package's own dequantization (gguf.quants) is outside mha: the exercise's rule (mha.checks.rules) refuses
+# it in the learner's code, and the grader's worker goes without gguf (tools/grading/sandbox.py, ALWAYS_HIDDEN).
+DEQUANTIZE_Q4_1_FORBIDS = ()

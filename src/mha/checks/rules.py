@@ -1,4 +1,4 @@
-"""The route each exercise of chapters 1 to 12 asks for, as rules on the learner's code (mha.checks.syntax).
+"""The route each exercise of chapters 1 to 12 and 16 asks for, as rules on the learner's code (mha.checks.syntax).
 
 Each tuple below is one check's `rules`, audited against its exercise's text: a rule forbids what the text
 forbids (`np.tril`, `@`, `reshape`) and requires what it asks for (a loop, `np.einsum`, `np.repeat`), never
@@ -70,3 +70,14 @@ APPLY_ROTARY_RULES = (Rule("write it straight from the rotation formula, without
 ATTEND_WITH_CACHE_RULES = (Rule("build the causal mask yourself, by comparing positions (not with "
                                 "mnp.causal_mask_after, nor a triangle function such as np.tri)",
                                 forbids=("causal_mask_after",) + TRIANGLES, requires=("<",)),)
+
+# Chapter 16 -----------------------------------------------------------------------------------------------
+
+# The gguf package dequantizes a Q4_1 block (gguf.quants.dequantize, its class Q4_1, what GGUFReader's users call),
+# and so does transformers' GGUF loader through it: the exercise reads the bytes with NumPy. (The library's own
+# function uses none of these: the rule refuses a route outside mha, which `forbids` cannot name.)
+DEQUANTIZE_Q4_1_RULES = (Rule("read the bytes yourself, with NumPy: not with the gguf package (gguf.quants.dequantize, "
+                              "its Q4_1 class, GGUFReader), transformers or llama_cpp",
+                              forbids=("gguf", "quants", "dequantize", "dequantize_blocks", "dequantize_rows", "Q4_1",
+                                       "GGUFReader", "GGMLQuantizationType", "transformers", "load_dequant_gguf_tensor",
+                                       "llama_cpp", "ggml")),)

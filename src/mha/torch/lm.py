@@ -133,12 +133,13 @@ class TransformerLM(nn.Module):
     (one sequence (T,) -> (T, vocab_size)).
 
     forward(tokens, attention_mask=None, *, position_ids=None, cache=None, return_weights=False,
-    head_mask=None). attention_mask: (B, T_all), 1 for real tokens and 0 for padding, over the
-    cached tokens and the new ones (T_all = cache position + T), as in transformers. position_ids:
-    (B, T); default cache position + 0 .. T - 1, as transformers' forward (`generate` derives them
-    from the mask). cache: `new_cache()` (or an empty list, filled), one KVCache per layer, which
-    the forward fills; a layer with a sliding window keeps only its window.
-    head_mask: booleans (n_layers, h), False switching a head off.
+    head_mask=None, last_only=False). attention_mask: (B, T_all), 1 for real tokens and 0 for padding,
+    over the cached tokens and the new ones (T_all = cache position + T), as in transformers.
+    position_ids: (B, T); default cache position + 0 .. T - 1, as transformers' forward (`generate`
+    derives them from the mask). cache: `new_cache()` (or an empty list, filled), one KVCache per
+    layer, which the forward fills; a layer with a sliding window keeps only its window.
+    head_mask: booleans (n_layers, h), False switching a head off. last_only: the logits of the last
+    position only, (B, 1, V): all that the next token needs (transformers' logits_to_keep=1).
     """
 
     def __init__(self, config, *, device=None, dtype=None):
@@ -174,15 +175,16 @@ class TransformerLM(nn.Module):
         return [KVCache() for _ in self.blocks]
 
     def forward(self, tokens, attention_mask=None, *, position_ids=None, cache=None, return_weights=False,
-                head_mask=None):
+                head_mask=None, last_only=False):
         if isinstance(tokens, torch.Tensor) and tokens.ndim == 1:  # one sequence: a batch of one, and back
             batch = (lambda a: None if a is None else a[None])
             out = self(tokens[None], batch(attention_mask), position_ids=batch(position_ids), cache=cache,
-                       return_weights=return_weights, head_mask=head_mask)
+                       return_weights=return_weights, head_mask=head_mask, last_only=last_only)
             return (out[0][0], out[1][:, 0]) if return_weights else out[0]
         check_lm_tokens(tokens, self.config.vocab_size)
         T = tokens.shape[-1]
         start = check_cache(cache, len(self.blocks))
+        rope_positions = position_ids  # None: each layer turns by its cache's positions, start .. start + T - 1
         if position_ids is None:
             position_ids = torch.arange(start, start + T, device=tokens.device).expand(tokens.shape)  # (B, T)
         check_positions(position_ids, tokens, self.config.max_positions)
@@ -190,14 +192,16 @@ class TransformerLM(nn.Module):
         if head_mask is not None:
             check_head_mask(head_mask, len(self.blocks), self.n_heads, tokens)
         x = self.embed(tokens, position_ids)  # (B, T, d_model)
-        rope_positions = None if self.positions is not None else position_ids
+        rope_positions = None if self.positions is not None else rope_positions
         all_weights = []
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache[i]
             mask = layer_mask(keep, layer_cache, head_mask, i)  # (B, 1 or h, 1, T_k) or None
             x, weights = block(x, mask, cache=layer_cache, positions=rope_positions, return_weights=return_weights)
             all_weights.append(weights)
-        logits = self.logits(self.norm(x))  # (B, T, V)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, d_model)
+        logits = self.logits(self.norm(x))  # (B, T or 1, V)
         return (logits, torch.stack(all_weights)) if return_weights else logits
 
     def embed(self, tokens, position_ids):
@@ -225,20 +229,24 @@ class TransformerLM(nn.Module):
         prompt = prompt if prompt.ndim > 1 else prompt[None]  # (B, T_0)
         mask = torch.ones_like(prompt) if attention_mask is None else attention_mask
         check_attention_mask(mask, prompt, 0)
+        padded = not bool(mask.all())  # without padding, positions are 0, 1, ... and every key is real
+        positions = positions_from_mask(mask) if padded else None  # (B, T_0)
         cache, tokens, new = self.new_cache(), prompt, prompt
-        positions = positions_from_mask(mask)  # (B, T_0)
         done = torch.zeros(len(prompt), dtype=torch.bool, device=prompt.device)  # (B,)
         for _ in range(n_new):
-            logits = self(new, mask, position_ids=positions, cache=cache)  # (B, T_new, V)
+            logits = self(new, mask if padded else None, position_ids=positions, cache=cache,
+                          last_only=True)  # (B, 1, V)
             new = logits[:, -1].argmax(dim=-1, keepdim=True).to(prompt.dtype)  # (B, 1)
-            new = new.masked_fill(done[:, None], pad_token_id)
+            if eos_token_id is not None:
+                new = new.masked_fill(done[:, None], pad_token_id)
             tokens = torch.cat([tokens, new], dim=-1)
             if eos_token_id is not None:
                 done = done | (new[:, 0] == eos_token_id)
                 if bool(done.all()):
                     break
-            mask = torch.cat([mask, torch.ones_like(new, dtype=mask.dtype)], dim=-1)  # (B, T_all)
-            positions = positions[:, -1:] + 1  # (B, 1)
+            if padded:
+                mask = torch.cat([mask, torch.ones_like(new, dtype=mask.dtype)], dim=-1)  # (B, T_all)
+                positions = positions[:, -1:] + 1  # (B, 1)
         return tokens
 
     def numpy_params(self):

@@ -9,8 +9,10 @@ heads: chapter 11's previous-token and induction scores of all 270 heads on each
 induction heads, read from the heads table, or as many random ones, switched off; about 10 s a
 draw), so run it after heads. text: the loss on the fixed slice of ordinary text with every head on
 and with the strongest induction heads off. bpc: the whole test text (200 000 characters, 54 149
-tokens) in windows of 1024 tokens, 768 apart (about 30 minutes on one core), and the nats of its
-first PREFIX_TARGETS tokens, which tests/test_claims_ch16.py re-derives.
+tokens) in windows of 1024 tokens, 768 apart, so every token is predicted from at least 256 tokens
+before it, the whole context of chapter 14's models (about 30 minutes on one idle core; --bpc-threads 2
+halves it; a stopped run resumes from .cache/), and the nats of its first PREFIX_TARGETS tokens, which
+tests/test_claims_ch16.py re-derives.
 
 Like tools/data/seed_sweeps.py, it re-starts itself under PyTorch's generic kernels on one thread
 (mha.experiments.seeds.GENERIC_KERNELS), loads the model once, and records the environment.
@@ -22,6 +24,7 @@ import os
 import platform
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -30,6 +33,7 @@ from mha.experiments import real_heads, seeds
 STEPS = ("heads", "knockouts", "text", "bpc")
 SWEEP_OF_STEP = {"heads": "ch16_head_scores", "knockouts": "ch16_knockouts"}
 CONTEXT, STRIDE, PREFIX_TARGETS = 1024, 768, 256
+CHECKPOINT = Path(".cache/read_smollm2_bpc_windows.json")  # each window's nats, for a resumed run
 
 
 def environment():
@@ -63,17 +67,25 @@ def text_losses():
             "induction_heads": [list(pair) for pair in strongest]}
 
 
-def bits_per_character():
-    """The test text's bits per character, and the nats of its first PREFIX_TARGETS tokens."""
+def bits_per_character(threads):
+    """The test text's bits per character, and the nats of its first PREFIX_TARGETS tokens. Each window's
+    nats go to CHECKPOINT as they come, so that a run stopped half way resumes where it was."""
     from mha.text import load_splits
+    torch.set_num_threads(threads)
     model, tokenizer = real_heads.load_model()
     text, start = load_splits()["test"], time.perf_counter()
-    bpc, nats, scored = real_heads.text_bits_per_character(text, CONTEXT, STRIDE)
+    done = {int(k): v for k, v in json.loads(CHECKPOINT.read_text()).items()} if CHECKPOINT.exists() else {}
+
+    def keep(window_start, nats, i, n_windows):
+        done[window_start] = nats
+        CHECKPOINT.write_text(json.dumps(done))
+        print(f"window {i + 1}/{n_windows}: {time.perf_counter() - start:.0f} s", flush=True)
+
+    bpc, nats, scored = real_heads.text_bits_per_character(text, CONTEXT, STRIDE, done, keep)
     ids = [real_heads.DOCUMENT_START, *tokenizer(text)["input_ids"][:PREFIX_TARGETS]]
     prefix, _ = real_heads.text_nats(model, ids, PREFIX_TARGETS, PREFIX_TARGETS)
     return {"context": CONTEXT, "stride": STRIDE, "characters": len(text), "tokens_scored": scored,
-            "nats": nats, "bpc": bpc, "prefix_targets": PREFIX_TARGETS, "prefix_nats": prefix,
-            "seconds": round(time.perf_counter() - start)}
+            "nats": nats, "bpc": bpc, "prefix_targets": PREFIX_TARGETS, "prefix_nats": prefix}
 
 
 def update_readings(key, value):
@@ -88,13 +100,14 @@ def update_readings(key, value):
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("steps", nargs="+", choices=STEPS, help="what to compute and store, in this order")
+    parser.add_argument("--bpc-threads", type=int, default=1, help="threads for bpc (the sweeps keep one)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     for step in args.steps:
         if step in SWEEP_OF_STEP:
             store_sweep(SWEEP_OF_STEP[step])
         else:
-            update_readings(step, text_losses() if step == "text" else bits_per_character())
+            update_readings(step, text_losses() if step == "text" else bits_per_character(args.bpc_threads))
     return 0
 
 

@@ -22,10 +22,12 @@
 - `parallel`: chapter 15's one launch (every scheme of `mha.distributed` against one process),
   and `parallel_costs`: its cost model of compute against communication for Llama-2 7B and 70B
   on NVLink and InfiniBand, with the sources of its constants.
+- `real_heads`: chapter 16's reading of SmolLM2-135M-Instruct: previous-token and induction scores of
+  its 270 heads on repeated random tokens, knock-outs, bits per character on chapter 14's test text.
 - `seeds`: claims over seeds: sweeps (an experiment run on many seeds), their tables stored in
   `seed_tables/` by tools/data/seed_sweeps.py, read by the chapters and re-derived by the tests.
   Each chapter's sweeps live beside its experiment (`tasks`: ch02_*, `stacks`: ch06_*, `heads`: ch07_*,
-  `positions`: ch10_*, `induction`: ch11_*, `sharing`: ch12_*).
+  `positions`: ch10_*, `induction`: ch11_*, `sharing`: ch12_*, `real_heads`: ch16_*).
 
 Import them as `from mha.experiments import tasks` or
 `from mha.experiments.heads import AttentionReadout`.

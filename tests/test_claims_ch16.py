@@ -142,29 +142,30 @@ def test_the_induction_heads_off_break_copying_and_random_heads_mostly_do_not(he
     """Chapter: with the 12 induction heads off, the repeat's loss rises by 10.0 nats (median; 6.6 to 11.4
     over these 20 draws), more than 5 on every draw; 12 random heads raise it by a median 0.25 (from -3.6 to
     +8.7), by less than 1 nat on 16 of the 20 draws; the induction heads' rise is the larger on 19 of them."""
-    induction, random = rises(seeds.load(KNOCKOUTS)["rows"])
-    assert np.median(induction) == pytest.approx(10.0, abs=0.05) and induction.min() > 5
-    assert np.median(random) == pytest.approx(0.25, abs=0.005) and (random < 1).sum() == 16
-    assert (induction > random).sum() == 19
-    held_induction, held_random = rises(held_out_knockouts)
-    assert held_induction.min() > 5
-    assert np.median(np.concatenate([random, held_random])) < 1
+    summary = real_heads.knock_out_summary()
+    assert summary["draws"] == 20 and [round(x, 1) for x in summary["induction_rise"]] == [10.0, 6.6, 11.4]
+    assert summary["induction_rise"][1] > 5
+    assert [round(x, 2) for x in summary["random_rise"]] == [0.25, -3.59, 8.71]
+    assert summary["random_below_1"] == 16 and summary["induction_larger"] == 19
+    held_out = real_heads.knock_out_summary(held_out_knockouts)
+    assert held_out["induction_rise"][1] > 5
+    _, random = rises(seeds.load(KNOCKOUTS)["rows"] + held_out_knockouts)
+    assert np.median(random) < 1
 
 
 def test_on_ordinary_text_the_induction_heads_cost_less_than_most_random_heads(held_out_knockouts):
     """Chapter: on the first 256 tokens of the test text, the induction heads off cost 0.10 nats a token
     (2.80 to 2.89); 12 random heads a median 0.18 (0.03 to 0.34 over these 20 draws), more on 16 of the 20.
     The induction heads' cost on the repeat is about 100 times their cost on ordinary text."""
-    text, rows = real_heads.stored_readings()["text"], seeds.load(KNOCKOUTS)["rows"]
-    induction_cost = text["loss_induction_off"] - text["loss"]
-    random_cost = np.array([row["text_random_off"] for row in rows]) - text["loss"]
+    summary, text = real_heads.knock_out_summary(), real_heads.stored_readings()["text"]
     assert round(text["loss"], 2) == 2.80 and round(text["loss_induction_off"], 2) == 2.89
-    assert round(induction_cost, 2) == 0.10 and round(float(np.median(random_cost)), 2) == 0.18
-    assert (random_cost > induction_cost).sum() == 16
-    held_cost = np.array([row["text_random_off"] for row in held_out_knockouts]) - text["loss"]
-    assert np.median(np.concatenate([random_cost, held_cost])) > induction_cost
-    for draws in (rows, held_out_knockouts):
-        assert np.median(rises(draws)[0]) / induction_cost > 50
+    assert round(summary["text_induction_cost"], 2) == 0.10
+    assert [round(x, 2) for x in summary["text_random_cost"]] == [0.18, 0.03, 0.34]
+    assert summary["text_random_costlier"] == 16
+    every = real_heads.knock_out_summary(seeds.load(KNOCKOUTS)["rows"] + held_out_knockouts)
+    assert every["text_random_cost"][0] > every["text_induction_cost"]
+    for rows in (seeds.load(KNOCKOUTS)["rows"], held_out_knockouts):
+        assert real_heads.knock_out_summary(rows)["induction_rise"][0] / summary["text_induction_cost"] > 50
 
 # Bits per character ---------------------------------------------------------------------------------------------
 

@@ -176,6 +176,31 @@ def knock_out_sweep(seed):
     return knock_out_row(seed)
 
 
+def spread_of(values):
+    """(median, smallest, largest) of a list of numbers, as plain floats."""
+    values = np.asarray(values, dtype=float)
+    return float(np.median(values)), float(values.min()), float(values.max())
+
+
+def knock_out_summary(rows=None):
+    """What chapter 16 says of the knock-outs, over the stored draws (or over `rows`): the rise of the repeat's
+    loss with the induction heads off and with random heads off, each (median, smallest, largest), on how many
+    draws the random heads' rise stays below 1 nat and the induction heads' rise is the larger; on ordinary
+    text, the loss with every head on, the induction heads' cost and the random heads' (median, ...)."""
+    rows = seeds.load("ch16_knockouts")["rows"] if rows is None else rows
+    text = stored_readings()["text"]
+    base = np.array([row["repeat"] for row in rows])
+    induction = np.array([row["repeat_induction_off"] for row in rows]) - base
+    random = np.array([row["repeat_random_off"] for row in rows]) - base
+    text_random = np.array([row["text_random_off"] for row in rows]) - text["loss"]
+    text_induction = text["loss_induction_off"] - text["loss"]
+    return {"draws": len(rows), "repeat": spread_of(base), "induction_rise": spread_of(induction),
+            "random_rise": spread_of(random), "random_below_1": int((random < 1).sum()),
+            "induction_larger": int((induction > random).sum()), "text_loss": text["loss"],
+            "text_induction_cost": text_induction, "text_random_cost": spread_of(text_random),
+            "text_random_costlier": int((text_random > text_induction).sum())}
+
+
 def scoring_windows(n, context, stride):
     """How `text_nats` reads ids (n,): a list of (start, first, stop), one per window. The window feeds
     ids[start : stop - 1] to the model and scores the targets first .. stop - 1, each target once, from at

@@ -22,6 +22,8 @@
 - `parallel`: chapter 15's one launch (every scheme of `mha.distributed` against one process),
   and `parallel_costs`: its cost model of compute against communication for Llama-2 7B and 70B
   on NVLink and InfiniBand, with the sources of its constants.
+- `smollm2`: SmolLM2-135M-Instruct read from its GGUF file into `mha.torch.TransformerLM`, and
+  transformers' load of the same file to compare with (chapter 16).
 - `real_heads`: chapter 16's reading of SmolLM2-135M-Instruct: previous-token and induction scores of
   its 270 heads on repeated random tokens, knock-outs, bits per character on chapter 14's test text.
 - `seeds`: claims over seeds: sweeps (an experiment run on many seeds), their tables stored in

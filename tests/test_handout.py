@@ -197,8 +197,8 @@ def test_student_notebook_stops_at_the_first_stub(student_copy_to_run, chapter):
         assert "raise NotImplementedError" in notebook.cells[i].source
         assert notebook.cells[i].source.lstrip().startswith("def "), "a stub is a function to fill in"
         assert "check_" in notebook.cells[i + 1].source, "a stub must be followed by its check"
-    client = NotebookClient(notebook, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(student.parent)}})
+    client = NotebookClient(notebook, timeout=300, kernel_name="python3", shutdown_kernel="immediate",
+                            resources={"metadata": {"path": str(student.parent)}})  # killed: a graceful end waits ~2 s
     with pytest.raises(CellExecutionError) as info:
         client.execute()
     assert info.value.ename == "NotImplementedError"

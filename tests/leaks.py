@@ -4,6 +4,7 @@ Used by tests/test_handout.py to prove that no solution is reachable from the
 student website or the student copy (everything under _handout/ but key/).
 """
 
+import functools
 import html
 import json
 import re
@@ -73,13 +74,19 @@ def readable_texts(path):
     return [normal(text) for text in texts]
 
 
+@functools.lru_cache(maxsize=None)
+def words_of(line):
+    """The words of a line: a solution line is looked for in every file of a handout, its words found once."""
+    return frozenset(WORD.findall(line))
+
+
 def found_in(lines, texts):
     """The lines that occur in any of the texts (a word test first, then the substring test)."""
-    words_of = {line: set(WORD.findall(line)) for line in lines}
+    needed_words = {line: words_of(line) for line in lines}
     found = set()
     for text in texts:
         words = set(WORD.findall(text))
-        found |= {line for line, needed in words_of.items() if needed <= words and line in text}
+        found |= {line for line, needed in needed_words.items() if needed <= words and line in text}
     return found
 
 

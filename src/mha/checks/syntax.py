@@ -93,6 +93,8 @@ def uses_of_node(inner, local, at, called):
         if isinstance(inner.ctx, ast.Store):
             return [at(inner, f".{inner.attr} =")]
         return [at(inner, DYNAMIC, "`__dict__`")] if inner.attr == "__dict__" else [at(inner, inner.attr)]
+    if isinstance(inner, (ast.Import, ast.ImportFrom)):
+        return [at(inner, token) for token in imported_tokens(inner)]
     if isinstance(inner, (ast.BinOp, ast.AugAssign)) and isinstance(inner.op, ast.MatMult):
         return [at(inner, "@")]
     if isinstance(inner, (ast.For, ast.AsyncFor, ast.While)):
@@ -106,6 +108,14 @@ def uses_of_node(inner, local, at, called):
     if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id not in local:
         return call_uses(inner, at)
     return []
+
+
+def imported_tokens(node):
+    """What an import inside the learner's function uses: every part of the module's dotted name and each name it
+    takes (`from gguf.quants import dequantize`: gguf, quants, dequantize), as if written out."""
+    modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+    taken = [] if isinstance(node, ast.Import) else [alias.name for alias in node.names]
+    return [part for module in modules for part in module.split(".") if part] + [name for name in taken if name != "*"]
 
 
 def call_uses(call, at):
@@ -159,6 +169,8 @@ def instruction_token(instructions, i, outer_locals):
         return value, ""
     if op in ("LOAD_ATTR", "LOAD_METHOD"):
         return (DYNAMIC, "`__dict__`") if value == "__dict__" else (value, "")
+    if op in ("IMPORT_NAME", "IMPORT_FROM"):  # an import inside the function (uses_in_code splits a dotted module)
+        return value, ""
     if op == "STORE_ATTR":
         return f".{value} =", ""
     if op == "BINARY_OP" and instructions[i].argrepr in ("@", "@="):
@@ -192,7 +204,9 @@ def uses_in_code(code, first=None, outer_locals=frozenset()):
         if token is not None:
             position = instruction.positions
             line = position.lineno - first + 1 if position and position.lineno else 0
-            found.add(Use(line, (position.col_offset or 0) if position else 0, *token))
+            column = (position.col_offset or 0) if position else 0
+            parts = token[0].split(".") if instruction.opname == "IMPORT_NAME" else [token[0]]  # gguf.quants: both
+            found.update(Use(line, column, part, token[1]) for part in parts if part)
     inner_locals = outer_locals | set(code.co_varnames) | set(code.co_cellvars)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):

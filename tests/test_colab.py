@@ -154,8 +154,9 @@ def copy_checkout(target):
     return target
 
 
-def test_the_stored_benchmark_tables_ship_in_the_wheel(tmp_path):
-    """Chapter 8 reads them in Colab, where mha is pip-installed without the repository."""
+def test_the_stored_tables_and_weights_ship_in_the_wheel(tmp_path):
+    """Chapter 8 reads the benchmark tables, chapter 11 the induction model's weights and its table over seeds,
+    in Colab, where mha is pip-installed without the repository."""
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp_path),
                             str(copy_checkout(tmp_path / "checkout"))], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr[-2000:]
@@ -166,6 +167,7 @@ def test_the_stored_benchmark_tables_ship_in_the_wheel(tmp_path):
     assert len(stored) >= 8
     for name in stored:
         assert f"mha/benchmark_results/{name}" in shipped
+    assert {"mha/experiments/induction_model.npz", "mha/experiments/seed_tables/ch11_knockouts.json"} <= shipped
 
 
 def pip_freeze(python):

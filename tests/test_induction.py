@@ -1,11 +1,7 @@
 """Chapter 11's experiment: the data, the training, the head scores, the knock-outs, and the shipped weights
 that the chapter reads ("this model"). The chapter's claims over seeds, on the stored table of ten models, are
-asserted in tests/test_claims_ch11.py."""
+asserted in tests/test_claims_ch11.py. That the weights and the table ship in the wheel: tests/test_colab.py."""
 
-import shutil
-import subprocess
-import sys
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -194,19 +190,3 @@ def test_save_and_load_round_trip(tmp_path):
     tokens = np.arange(10)[None]
     assert np.array_equal(mnp.decoder_only_transformer(tokens, **loaded)[0],
                           mnp.decoder_only_transformer(tokens, **params)[0])
-
-
-def test_the_weights_and_the_table_over_seeds_ship_in_the_wheel(tmp_path):
-    """Chapter 11 reads them in Colab, where mha is pip-installed without the repository."""
-    checkout = tmp_path / "checkout"
-    checkout.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        (checkout / name).write_bytes((ROOT / name).read_bytes())
-    shutil.copytree(ROOT / "src", checkout / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp_path),
-                            str(checkout)], capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr[-2000:]
-    wheel, = tmp_path.glob("mha-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        assert "mha/experiments/induction_model.npz" in archive.namelist()
-        assert "mha/experiments/seed_tables/ch11_knockouts.json" in archive.namelist()

@@ -233,7 +233,7 @@ def run_in_colab_like(colab, chapter, monkeypatch):
         "import json, sys, mha, importlib.metadata as metadata\n"
         "print(json.dumps({'mha': mha.__file__, 'colab': 'google.colab' in sys.modules,\n"
         "                  'transformers': metadata.version('transformers')}))"))
-    NotebookClient(notebook, timeout=600, kernel_name="colab-like",
+    NotebookClient(notebook, timeout=600, kernel_name="colab-like", shutdown_kernel="immediate",  # killed at the end
                    resources={"metadata": {"path": str(colab["work"])}}).execute()  # raises on any error
     for cell in notebook.cells:
         if cell.cell_type == "code":

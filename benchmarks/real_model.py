@@ -1,6 +1,6 @@
 """A real model (chapter 16): SmolLM2-135M-Instruct greedy, the course's copy against transformers.
 
-    python -m benchmarks.real_model          # full size: SmolLM2-135M-Instruct, a few minutes
+    python -m benchmarks.real_model          # full size: SmolLM2-135M-Instruct, 10-15 minutes on 2 cores
     python -m benchmarks.real_model --tiny   # seconds: a tiny random Llama, checks that everything runs
 
 Table (a `harness.Table`):

@@ -44,7 +44,7 @@ def read_family(model):
     with torch.no_grad():  # a weight of zeros: a plain scale gives 0, Gemma's 1 + weight passes the normed input
         saved = final_norm.weight.clone()
         final_norm.weight.zero_()
-        unit_offset = bool(final_norm(torch.ones(1, 32)).abs().max() > 0)
+        unit_offset = bool(final_norm(torch.ones(1, saved.shape[-1])).abs().max() > 0)
         final_norm.weight.copy_(saved)
     q_norm = getattr(attention, "q_norm", None)
     kinds = getattr(config, "layer_types", None) or ["sliding_attention"] * config.num_hidden_layers

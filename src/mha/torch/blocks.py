@@ -44,7 +44,7 @@ class FeedForward(nn.Module):
         self.dropout_ff = Dropout(dropout)
 
     def forward(self, x):
-        check_input(self, "x", x, self.linear_1.in_features)
+        check_input(self, "x", x, self.linear_1.in_features, weight=self.linear_1.weight)
         hidden = self.dropout_hidden(ACTIVATIONS[self.activation](self.linear_1(x)))  # (..., T, d_ff)
         return self.dropout_ff(self.linear_2(hidden))  # (..., T, d_model)
 

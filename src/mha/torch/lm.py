@@ -218,7 +218,7 @@ class TransformerLM(nn.Module):
         logits = F.linear(h, self.embedding.weight if self.output is None else self.output.weight)  # (B, T, V)
         return logits if self.config.final_logit_cap is None else soft_cap(logits, self.config.final_logit_cap)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, prompt, n_new, *, attention_mask=None, eos_token_id=None, pad_token_id=0):
         """Greedy continuation with the cache: prompt (B, T_0) -> (B, T_0 + at most n_new), as
         transformers' generate(do_sample=False, max_new_tokens=n_new): positions derived from the

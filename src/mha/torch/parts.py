@@ -45,7 +45,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(start(d_model, device=device, dtype=dtype))
 
     def forward(self, x):
-        check_input(self, "x", x, self.weight.shape[0])
+        check_input(self, "x", x, self.weight.shape[0], weight=self.weight)
         work = x.float() if x.dtype in HALF else x
         normed = work * torch.rsqrt(work.pow(2).mean(-1, keepdim=True) + self.eps)  # (..., d)
         if self.unit_offset:
@@ -82,7 +82,7 @@ class GatedFeedForward(nn.Module):
         self.W_down = nn.Linear(d_ff, d_model, **options)
 
     def forward(self, x):
-        check_input(self, "x", x, self.W_gate.in_features)
+        check_input(self, "x", x, self.W_gate.in_features, weight=self.W_gate.weight)
         return self.W_down(GATES[self.activation](self.W_gate(x)) * self.W_up(x))  # (..., T, d_model)
 
     def numpy_params(self):

@@ -85,16 +85,17 @@ def known_vocab_size(model):
 
 def next_logits(model, tokens, new, cache):
     """The logits (B, V) of the token after `tokens` (B, T): from the cache and the `new` tokens
-    when there is one, else from all the tokens again."""
-    logits = model(new, cache=cache) if cache is not None else model(tokens)  # (B, T_new or T, V)
-    seen = new if cache is not None else tokens
+    when there is one (a TransformerLM, its output layer at the last position only), else from all
+    the tokens again."""
+    logits = model(new, cache=cache, last_only=True) if cache is not None else model(tokens)  # (B, 1 or T, V)
+    seen = new[:, -1:] if cache is not None else tokens  # a TransformerLM with a cache: the last position only
     if not isinstance(logits, torch.Tensor) or logits.ndim != 3 or tuple(logits.shape[:2]) != tuple(seen.shape):
         got = validate.shape_str(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"model must return logits of shape (B, T, V) = (*{tuple(seen.shape)}, V), got {got}")
     return logits[:, -1].float()  # (B, V): in float32, as transformers samples
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(model, prompt, n_new, *, temperature=1.0, top_k=None, top_p=None, generator=None):
     """Continue `prompt` (T_0,) or (B, T_0) by `n_new` tokens, each drawn at random from the
     filtered distribution (`filter_logits`) of the model's last position. Returns (T_0 + n_new,)

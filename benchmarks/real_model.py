@@ -29,7 +29,7 @@ from benchmarks.decoding import llama_model, ratio_spread
 from benchmarks.harness import Table, ms, print_tables, run_tables
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-FULL = dict(model="SmolLM2-135M-Instruct", threads=(1, 2), Ts=(64, 256), new=16, rounds=7, warmup=1)
+FULL = dict(model="SmolLM2-135M-Instruct", threads=(1, 2), Ts=(64, 256), new=16, rounds=11, warmup=1)
 TINY = dict(model="tiny random Llama", threads=(1, 2), Ts=(4, 8), new=3, rounds=3, warmup=1,
             gen_layers=2, gen_d=16, gen_h=4, gen_h_kv=2, lm_d_ff=32, lm_vocab=64)
 TARGET = 1.00  # ours / generate(), and ours / generate(static), both phases, every thread count

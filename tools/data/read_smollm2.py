@@ -10,8 +10,8 @@ induction heads, read from the heads table, or as many random ones, switched off
 draw), so run it after heads. text: the loss on the fixed slice of ordinary text with every head on
 and with the strongest induction heads off. bpc: the whole test text (200 000 characters, 54 149
 tokens) in windows of 1024 tokens, 768 apart, so every token is predicted from at least 256 tokens
-before it, the whole context of chapter 14's models (about 30 minutes on one idle core; --bpc-threads 2
-halves it; a stopped run resumes from .cache/), and the nats of its first PREFIX_TARGETS tokens, which
+before it, the whole context of chapter 14's models (about 8 minutes on two idle cores with --bpc-threads 2,
+6.5 s a window; a stopped run resumes from .cache/), and the nats of its first PREFIX_TARGETS tokens, which
 tests/test_claims_ch16.py re-derives.
 
 Like tools/data/seed_sweeps.py, it re-starts itself under PyTorch's generic kernels on one thread

@@ -193,8 +193,8 @@ def test_the_stored_first_slice_of_the_test_text_is_rederived(model):
 
 def test_the_model_reads_the_test_text_far_better_than_chapter_14s_models_and_every_compressor():
     """Chapter (one model, one text): SmolLM2 pays the stored bits a character on chapter 14's test text
-    (windows of 1024 tokens, 768 apart), less than 0.6 of what chapter 14's best model (1.57, stride 1) and
-    the best compressor (xz after the training text, 1.57) pay."""
+    (windows of 1024 tokens, 768 apart), "less than half" of what chapter 14's best model (1.57, stride 1) and
+    the best compressor (xz after the training text, 1.57) pay: 0.71, a ratio of 0.45."""
     stored = real_heads.stored_readings()["bpc"]
     assert stored["characters"] == 200_000 and stored["tokens_scored"] == 54_149
     assert (stored["context"], stored["stride"]) == (1024, 768)
@@ -202,7 +202,7 @@ def test_the_model_reads_the_test_text_far_better_than_chapter_14s_models_and_ev
     chapter_14 = min(row["test_bpc"] for run in real_heads.chapter_14_scores()["runs"].values() for row in run["rows"])
     compressors = min(row["bpc"] for row in real_heads.compressor_baselines()["rows"])
     assert round(chapter_14, 2) == 1.57 and round(compressors, 2) == 1.57
-    assert stored["bpc"] < 0.6 * min(chapter_14, compressors)
+    assert stored["bpc"] < 0.5 * min(chapter_14, compressors)
 
 def test_the_layer_head_map_draws_a_panel_per_score_and_outlines_the_heads_named():
     import matplotlib

@@ -227,3 +227,11 @@ def test_distributed_table_runs_at_tiny_size_and_counts_the_formulas_payload():
     assert rows[2, "tensor"]["wire (bytes/step)"] == 2 * 4 * B * T * d  # 2(P - 1)/P = 1 payload, each pass
     assert rows[2, "ulysses"]["fwd (elements)"] == 4 * B * (T // 2) * d  # q, k, v and out of T/2 positions
     assert rows[2, "ring zigzag"]["bwd (elements)"] == 3 * rows[2, "ring zigzag"]["fwd (elements)"] == 3 * B * T * d
+
+
+def test_show_prints_a_stored_table_in_aligned_columns_then_its_settings(capsys):
+    record = {"title": "a table", "columns": ["T", "ours (ms)"], "rows": [{"T": 64, "ours (ms)": 1.5},
+              {"T": 1024, "ours (ms)": 12.25}], "settings": {"rounds": 3, "dtype": "float32"}}
+    benchmark_results.show(record)
+    assert capsys.readouterr().out.splitlines() == [
+        "a table", "T     ours (ms)", "64    1.5      ", "1024  12.25    ", "settings: rounds=3, dtype=float32"]

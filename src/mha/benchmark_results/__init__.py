@@ -1,7 +1,7 @@
 """The benchmark tables of the last deliberate run, stored with the library.
 
 `python -m benchmarks --save src/mha/benchmark_results` writes them (one JSON and
-one CSV file per table); chapters 8 and 10 read them with `load`. Shipping them inside
+one CSV file per table); chapters 8, 12 and 16 read them with `load` and print them with `show`. Shipping them inside
 the package lets the chapter run wherever `mha` is installed, Colab included,
 and keeps its pages the same from one build to the next.
 """
@@ -23,3 +23,15 @@ def load(name):
     if not file.is_file():
         raise ValueError(f"no stored benchmark table named {name!r}; stored: {', '.join(names())}")
     return json.loads(file.read_text())
+
+
+def show(record):
+    """Print a stored table (a dict from `load`) as aligned columns, then its settings."""
+    columns = record["columns"]
+    text = [[str(row[c]) for c in columns] for row in record["rows"]]
+    widths = [max(len(c), *(len(t[i]) for t in text)) for i, c in enumerate(columns)]
+    print(record["title"])
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for t in text:
+        print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
+    print("settings:", ", ".join(f"{k}={v}" for k, v in record["settings"].items()))

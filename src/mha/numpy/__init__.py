@@ -22,6 +22,8 @@ The modules, each importing only those above it:
     sharding   heads across devices, the ranks simulated as a list: tensor, Ulysses and ring parallelism,
                the collectives, the online-softmax merge, and the payload and bytes they move
     rank_lists what one rank computes, as a list: Ulysses' all-to-all, the ring loop, a rank's partial output
+    latent     multi-head latent attention: one decoding step absorbed and expanded, the cache's bytes (chapter 17)
+    sparse     DeepSeek Sparse Attention: the lightning indexer's scores, top-k key selection (chapter 17)
     quantization  a GGUF file's blocks of 32 weights: Q4_1 and Q8_0 read back, Q4_1 written (chapter 16)
 Import the face, not the modules: `import mha.numpy as mnp`.
 """
@@ -49,6 +51,10 @@ from mha.numpy.model import (
 from mha.numpy.lm import transformer_lm
 from mha.numpy.quantization import dequantize_q4_1, dequantize_q8_0, quantize_q4_1
 from mha.numpy.parts import gated_feed_forward, geglu, rms_norm, silu, soft_cap, swiglu
+from mha.numpy.latent import (
+    absorbed_latent_decode, expanded_latent_decode, latent_cache_bytes, latent_decode_flops,
+)
+from mha.numpy.sparse import lightning_indexer_scores, select_top_k_keys
 from mha.numpy.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
 from mha.numpy.training import clip_grad_norm, merge_pair, warmup_cosine
 from mha.numpy.rotary import apply_rotary, ntk_frequencies, rotary_at, rotary_embedding, rotary_frequencies, rotate_half
@@ -95,4 +101,7 @@ __all__ = [
     "ulysses_all_to_all", "ring_attention_lists", "rank_partial_output",
     # a GGUF file's blocks, read and written (chapter 16)
     "dequantize_q4_1", "dequantize_q8_0", "quantize_q4_1",
+    # latent and sparse attention (chapter 17)
+    "absorbed_latent_decode", "expanded_latent_decode", "latent_cache_bytes", "latent_decode_flops",
+    "lightning_indexer_scores", "select_top_k_keys",
 ]

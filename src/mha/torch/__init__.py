@@ -19,6 +19,8 @@ The modules, each importing only those above it:
     parts      RMSNorm and the gated feed-forwards SwiGLU and GeGLU of today's models (chapter 13)
     grouped    grouped-query attention with RoPE and the cache, equal to Llama's (chapter 12), and
                the attention features of today's models (chapter 13)
+    sparse     DeepSeek Sparse Attention: the lightning indexer and top-k key selection (chapter 17)
+    latent     multi-head latent attention (DeepSeek-V2/V3), its latent cache and the absorbed decode (chapter 17)
     positions  LearnedPositions, SinusoidalPositions and ALiBi's bias (chapter 10)
     model      DecoderOnlyTransformer (a small GPT), its loss, warm-up and greedy generation (chapter 11)
     lm         TransformerLM and LMConfig: GPT-2, Llama, Mistral, Qwen, Gemma, OLMo 2 from our parts, and
@@ -39,6 +41,11 @@ from mha.torch.devices import default_device, synchronize
 from mha.torch.grouped import (
     GroupedQueryAttention, attend_with_cache, causal_mask_after, repeat_kv, sliding_window_mask,
 )
+from mha.torch.latent import (
+    LatentCache, MultiHeadLatentAttention, absorbed_latent_decode, expanded_latent_decode, latent_cache_bytes,
+    latent_decode_flops,
+)
+from mha.torch.sparse import LightningIndexer, lightning_indexer_scores, select_top_k_keys
 from mha.torch.model import (
     DecoderOnlyTransformer, causal_lm_loss, cross_entropy, generate_greedy, warmup_factor, warmup_schedule,
 )
@@ -76,4 +83,7 @@ __all__ = [
     "filter_logits", "generate", "apply_temperature", "top_k_filter", "top_p_filter",
     # a GGUF file's blocks, read and written (chapter 16)
     "dequantize_q4_1", "dequantize_q8_0", "quantize_q4_1",
+    # latent and sparse attention (chapter 17)
+    "MultiHeadLatentAttention", "LatentCache", "latent_cache_bytes", "latent_decode_flops", "absorbed_latent_decode",
+    "expanded_latent_decode", "LightningIndexer", "lightning_indexer_scores", "select_top_k_keys",
 ]

@@ -1,0 +1,106 @@
+"""Multi-head latent attention (DeepSeek-V2, 2024; DeepSeek-V3, 2024): one decoding step from the
+latent cache, in the absorbed form and in the expanded form, and what the cache and the step cost.
+
+The cache of a latent attention layer holds, per token, one latent c (kv_lora_rank = r features,
+shared by every head) and one rotary key k_rope (qk_rope_head_dim features, also shared). Head i's
+key without RoPE is c W_uk[i] and its value c W_uv[i]. One new token's query for head i is
+[q_nope_i | q_rope_i], so its score for cached token j is
+
+    scale * (q_nope_i . (c_j W_uk[i]) + q_rope_i . k_rope_j)
+  = scale * ((W_uk[i] q_nope_i) . c_j + q_rope_i . k_rope_j)
+
+and its output sum_j w_ij (c_j W_uv[i]) = (sum_j w_ij c_j) W_uv[i]. The expanded form computes the
+left-hand sides: every head's T keys and values, then attention. The absorbed form (DeepSeek-V2's
+"absorption") computes the right-hand sides: the query moved into the latent space once, the
+latents read as they are, the value up-projection applied once to the weighted sum.
+"""
+
+import numpy as np
+
+from mha import validate
+from mha.numpy.attention import as_float_array, as_mask, masked_softmax, transpose
+
+
+def check_decode_inputs(q_nope, q_rope, latents, rotary_keys, W_uk, W_uv, scale):
+    """The six arrays as floating-point arrays of matching sizes, and scale as a float."""
+    names = ("q_nope", "q_rope", "latents", "rotary_keys", "W_uk", "W_uv")
+    arrays = [as_float_array(name, a) for name, a in zip(names, (q_nope, q_rope, latents, rotary_keys, W_uk, W_uv))]
+    for name, a, ndim in zip(names, arrays, (2, 2, 2, 2, 3, 3)):
+        validate.check_ndim(name, a, ndim, 3 if name.startswith("W") else None)
+    q_nope, q_rope, latents, rotary_keys, W_uk, W_uv = arrays
+    h, d_nope = q_nope.shape[-2:]
+    r, d_rope = latents.shape[-1], rotary_keys.shape[-1]
+    expected = {"q_rope": (h, d_rope), "W_uk": (h, r, d_nope), "W_uv": (h, r, W_uv.shape[-1])}
+    for name, a in (("q_rope", q_rope), ("W_uk", W_uk), ("W_uv", W_uv)):
+        got = a.shape[-len(expected[name]):]
+        if got != expected[name]:
+            raise ValueError(f"{name} has shape {validate.shape_str(a.shape)}, expected (..., "
+                             f"{', '.join(map(str, expected[name]))}) for h={h} heads, r={r}, "
+                             f"d_nope={d_nope} and d_rope={d_rope}")
+    if rotary_keys.shape[-2] != latents.shape[-2]:
+        raise ValueError(f"latents hold T={latents.shape[-2]} tokens but rotary_keys {rotary_keys.shape[-2]}")
+    validate.broadcast_batch("q_nope", q_nope.shape[:-2], "latents", latents.shape[:-2])
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
+        raise TypeError(f"scale must be a number, got {scale!r}")
+    return (*arrays, float(scale))
+
+
+def absorbed_latent_decode(q_nope, q_rope, latents, rotary_keys, W_uk, W_uv, scale, mask=None):
+    """One new token per sequence over the cached latents, in the absorbed form.
+
+    q_nope (..., h, d_nope) and q_rope (..., h, d_rope) (rotated): the new token's queries;
+    latents (..., T, r) and rotary_keys (..., T, d_rope) (rotated): the cache; W_uk (h, r, d_nope)
+    and W_uv (h, r, d_v): head i's keys without RoPE are latents @ W_uk[i], its values latents @ W_uv[i];
+    scale: the scores' factor; mask: booleans broadcasting to (..., h, T), True = may attend.
+    Returns out (..., h, d_v) and weights (..., h, T). No head's T keys or values are ever formed.
+    """
+    q_nope, q_rope, latents, rotary_keys, W_uk, W_uv, scale = check_decode_inputs(
+        q_nope, q_rope, latents, rotary_keys, W_uk, W_uv, scale)
+    q_latent = np.einsum("...hn,hrn->...hr", q_nope, W_uk)  # (..., h, r): W_uk[i] q_nope_i, the query in latent space
+    scores = q_latent @ transpose(latents) + q_rope @ transpose(rotary_keys)  # (..., h, T)
+    weights = masked_softmax(scale * scores, mask)  # (..., h, T)
+    context = weights @ latents  # (..., h, r): each head's weighted sum of the latents
+    out = np.einsum("...hr,hrv->...hv", context, W_uv)  # (..., h, d_v): the value up-projection, once
+    return out, weights
+
+
+def expanded_latent_decode(q_nope, q_rope, latents, rotary_keys, W_uk, W_uv, scale, mask=None):
+    """`absorbed_latent_decode` the direct way: every head's T keys and values formed from the latents,
+    then attention. The same arguments and results (equal to float64 rounding)."""
+    q_nope, q_rope, latents, rotary_keys, W_uk, W_uv, scale = check_decode_inputs(
+        q_nope, q_rope, latents, rotary_keys, W_uk, W_uv, scale)
+    keys = np.einsum("...tr,hrn->...htn", latents, W_uk)  # (..., h, T, d_nope): head i's keys without RoPE
+    values = np.einsum("...tr,hrv->...htv", latents, W_uv)  # (..., h, T, d_v)
+    scores = np.einsum("...hn,...htn->...ht", q_nope, keys) + q_rope @ transpose(rotary_keys)  # (..., h, T)
+    weights = masked_softmax(scale * scores, mask)  # (..., h, T)
+    return np.einsum("...ht,...htv->...hv", weights, values), weights  # (..., h, d_v)
+
+
+def latent_cache_bytes(n_layers, kv_lora_rank, qk_rope_head_dim, T, *, batch=1, bytes_per_value=2,
+                       indexer_head_dim=0):
+    """The memory a latent cache holds: per layer, position and sequence, one latent of kv_lora_rank
+    values and one shared rotary key of qk_rope_head_dim (and DeepSeek-V3.2's indexer key of
+    indexer_head_dim), at `bytes_per_value` each. DeepSeek-V3 (61 layers, r = 512, d_rope = 64) at
+    T = 8192 in bfloat16: 61 * 576 * 8192 * 2 bytes = 0.54 GiB per sequence."""
+    sizes = {"n_layers": n_layers, "kv_lora_rank": kv_lora_rank, "qk_rope_head_dim": qk_rope_head_dim, "T": T,
+             "batch": batch, "bytes_per_value": bytes_per_value, "indexer_head_dim": indexer_head_dim}
+    minimum = {"T": 0, "indexer_head_dim": 0}
+    s = {name: validate.check_int(name, value, minimum=minimum.get(name, 1)) for name, value in sizes.items()}
+    per_token = s["kv_lora_rank"] + s["qk_rope_head_dim"] + s["indexer_head_dim"]
+    return s["n_layers"] * per_token * s["T"] * s["batch"] * s["bytes_per_value"]
+
+
+def latent_decode_flops(T, n_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim):
+    """{"expanded": ..., "absorbed": ...}: the multiply-adds of one decoding step's attention in one
+    layer, one new token over T cached ones (the new token's own projections, the same in both, left
+    out). Expanded: every cached latent up-projected into h keys and values, T r h (d_nope + d_v), then
+    the scores T h (d_nope + d_rope) and the outputs T h d_v. Absorbed: W_uk folded into the query,
+    h d_nope r; the scores against the latents, T h (r + d_rope); the latents summed, T h r; W_uv once,
+    h r d_v. Per cached token: r h (d_nope + d_v) + h (d_nope + d_rope + d_v) against h (2 r + d_rope)."""
+    T = validate.check_int("T", T, minimum=0)
+    h, r, d_nope, d_rope, d_v = (validate.check_int(name, value) for name, value in (
+        ("n_heads", n_heads), ("kv_lora_rank", kv_lora_rank), ("qk_nope_head_dim", qk_nope_head_dim),
+        ("qk_rope_head_dim", qk_rope_head_dim), ("v_head_dim", v_head_dim)))
+    expanded = T * r * h * (d_nope + d_v) + T * h * (d_nope + d_rope) + T * h * d_v
+    absorbed = h * d_nope * r + T * h * (r + d_rope) + T * h * r + h * r * d_v
+    return {"expanded": expanded, "absorbed": absorbed}

@@ -13,6 +13,7 @@ The modules, each importing only those above it:
     rotary     rotary position embeddings (RoPE), Llama's "rotate half" convention
     cache      the key-value cache of generation
     parts      the parts of today's language models: RMSNorm, gated feed-forwards (SwiGLU, GeGLU)
+    experts    a mixture of experts: routing tokens to top-k experts (DeepSeek, Qwen, gpt-oss), the layer
     grouped    grouped-query attention (shared key/value heads), with RoPE, the cache and the
                attention features of today's models (QK-norm, soft-capping, sliding windows)
     positions  positions added to tokens (learned, sinusoidal) or to the scores (ALiBi)
@@ -51,6 +52,10 @@ from mha.numpy.model import (
 from mha.numpy.lm import transformer_lm
 from mha.numpy.quantization import dequantize_q4_1, dequantize_q8_0, quantize_q4_1
 from mha.numpy.parts import gated_feed_forward, geglu, rms_norm, silu, soft_cap, swiglu
+from mha.numpy.experts import (
+    clamped_swiglu, expert_feed_forward, group_limited_experts, mixture_of_experts, route_tokens,
+    route_tokens_in_groups,
+)
 from mha.numpy.latent import (
     absorbed_latent_decode, expanded_latent_decode, latent_cache_bytes, latent_decode_flops,
 )
@@ -101,6 +106,9 @@ __all__ = [
     "ulysses_all_to_all", "ring_attention_lists", "rank_partial_output",
     # a GGUF file's blocks, read and written (chapter 16)
     "dequantize_q4_1", "dequantize_q8_0", "quantize_q4_1",
+    # a mixture of experts: routing and the layer (chapter 17)
+    "route_tokens", "group_limited_experts", "route_tokens_in_groups", "clamped_swiglu", "expert_feed_forward",
+    "mixture_of_experts",
     # latent and sparse attention (chapter 17)
     "absorbed_latent_decode", "expanded_latent_decode", "latent_cache_bytes", "latent_decode_flops",
     "lightning_indexer_scores", "select_top_k_keys",

@@ -17,6 +17,7 @@ The modules, each importing only those above it:
     hf         Hugging Face's layouts, read in one room: families (which model types, and where their
                norms sit), configuration (what is read, and what is refused), weights (the tensors copied)
     parts      RMSNorm and the gated feed-forwards SwiGLU and GeGLU of today's models (chapter 13)
+    experts    MixtureOfExperts: a router and top-k experts, as DeepSeek-V3, Qwen3-MoE/Next, gpt-oss (chapter 17)
     grouped    grouped-query attention with RoPE and the cache, equal to Llama's (chapter 12), and
                the attention features of today's models (chapter 13)
     sparse     DeepSeek Sparse Attention: the lightning indexer and top-k key selection (chapter 17)
@@ -52,6 +53,9 @@ from mha.torch.model import (
 from mha.torch.lm import LMBlock, LMConfig, TransformerLM, from_transformers, positions_from_mask
 from mha.torch.quantization import dequantize_q4_1, dequantize_q8_0, quantize_q4_1
 from mha.torch.parts import GatedFeedForward, GeGLU, RMSNorm, SwiGLU, soft_cap
+from mha.torch.experts import (
+    MixtureOfExperts, clamped_swiglu, group_limited_experts, route_tokens, route_tokens_in_groups,
+)
 from mha.torch.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
 from mha.torch.rotary import RotaryTables, apply_rotary, rotary_embedding, rotary_frequencies, rotate_half
 from mha.torch.positions import (
@@ -83,6 +87,8 @@ __all__ = [
     "filter_logits", "generate", "apply_temperature", "top_k_filter", "top_p_filter",
     # a GGUF file's blocks, read and written (chapter 16)
     "dequantize_q4_1", "dequantize_q8_0", "quantize_q4_1",
+    # a mixture of experts: routing and the layer (chapter 17)
+    "route_tokens", "group_limited_experts", "route_tokens_in_groups", "clamped_swiglu", "MixtureOfExperts",
     # latent and sparse attention (chapter 17)
     "MultiHeadLatentAttention", "LatentCache", "latent_cache_bytes", "latent_decode_flops", "absorbed_latent_decode",
     "expanded_latent_decode", "LightningIndexer", "lightning_indexer_scores", "select_top_k_keys",

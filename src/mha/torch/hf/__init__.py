@@ -6,6 +6,8 @@
                    GroupedQueryAttention's, GatedFeedForward's), and the refusals: anything that changes
                    the answer and that nothing here computes is a ValueError naming it
     weights        a layer's tensors copied into the course's module, built once with those arguments
+    experts        a mixture-of-experts block (DeepSeek-V3/V3.2, Qwen3-MoE, Qwen3-Next, gpt-oss) read into
+                   MixtureOfExperts' arguments (experts_arguments) and its tensors copied (copy_experts)
 
 The entry points live with the modules they build, and read through this package: a layer with
 `GroupedQueryAttention.from_llama` (mha.torch.grouped), a gated MLP with `GatedFeedForward.from_hf`

@@ -279,3 +279,20 @@ def test_refusals_name_the_block_and_the_feature():
     wrong = mt.MixtureOfExperts(D, **{**hf_experts.experts_arguments(block), "top_k": 2})
     with pytest.raises(ValueError, match=r"top_k=2 \(theirs 3\)"):
         hf_experts.copy_experts(wrong, block)
+
+
+@pytest.mark.parametrize("options", [
+    dict(), dict(scoring="sigmoid", n_groups=2, top_groups=1, correction_bias=True, n_shared=1, shared_gate=True),
+    dict(expert="clamped_swiglu", swiglu_limit=7.0, swiglu_alpha=1.702, expert_bias=True, router_bias=True),
+])
+def test_meta_tensors_and_bfloat16(options):
+    """On the meta device (shapes only) it makes nothing elsewhere; in bfloat16 it routes in float32 and
+    stays within bfloat16's rounding of the float32 layer."""
+    ours = mt.MixtureOfExperts(D, n_experts=4, top_k=2, d_expert=8, device="meta", **options)
+    assert ours(torch.empty(2, 5, D, device="meta")).device.type == "meta"
+    torch.manual_seed(0)
+    ours = mt.MixtureOfExperts(D, n_experts=4, top_k=2, d_expert=8, **options)
+    x = tokens(shape=(2, 5))
+    half = ours.to(torch.bfloat16)(x.to(torch.bfloat16))
+    full = ours.float()(x.to(torch.bfloat16).float())
+    assert half.dtype == torch.bfloat16 and (half.float() - full).abs().max() <= 2e-2 * full.abs().max()

@@ -201,3 +201,32 @@ def test_arguments_refuse_what_is_not_computed():
         latent_arguments(llama.LlamaAttention(config, layer_idx=0))
     with pytest.raises(TypeError, match="LatentCache"):
         our_copy(deepseek_layer()[0])(torch.randn(1, 2, D_MODEL), cache=mt.KVCache())
+
+
+FACE_CASES = [dict(), dict(q_lora_rank=12, rope_interleave=True, bias=True),
+              dict(q_lora_rank=12, rope_scaling=YARN, indexer=dict(n_heads=16, head_dim=8, top_k=3))]
+
+
+@pytest.mark.parametrize("options", FACE_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_torch_face_equals_numpy_face(options, dtype):
+    torch.manual_seed(3)
+    ours = mt.MultiHeadLatentAttention(D_MODEL, H, kv_lora_rank=R, qk_nope_head_dim=D_NOPE, qk_rope_head_dim=D_ROPE,
+                                       v_head_dim=D_V, dtype=dtype, **options)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.normal_(0, 0.3)
+    x = torch.randn(2, 9, D_MODEL, dtype=dtype)
+    padding = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    padding[1, ..., :2] = False
+    with torch.no_grad():
+        out, weights = ours(x, mask=padding, return_weights=True)
+    scaling = {key: value for key, value in (options.get("rope_scaling") or {}).items() if key != "rope_theta"} or None
+    expected = mnp.latent_attention(x.numpy(), ours.numpy_params(), n_heads=H, qk_nope_head_dim=D_NOPE,
+                                    qk_rope_head_dim=D_ROPE, v_head_dim=D_V, rope_scaling=scaling,
+                                    rope_interleave=ours.rope_interleave, indexer=options.get("indexer"),
+                                    mask=padding.numpy())
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    assert expected[0].dtype == (np.float64 if dtype == torch.float64 else np.float32)
+    np.testing.assert_allclose(out.numpy(), expected[0], rtol=0, atol=tolerance)
+    np.testing.assert_allclose(weights.numpy(), expected[1], rtol=0, atol=tolerance)

@@ -57,9 +57,9 @@ from mha.numpy.experts import (
     route_tokens_in_groups,
 )
 from mha.numpy.latent import (
-    absorbed_latent_decode, expanded_latent_decode, latent_cache_bytes, latent_decode_flops,
+    absorbed_latent_decode, expanded_latent_decode, latent_attention, latent_cache_bytes, latent_decode_flops,
 )
-from mha.numpy.sparse import lightning_indexer_scores, select_top_k_keys
+from mha.numpy.sparse import lightning_indexer, lightning_indexer_scores, select_top_k_keys
 from mha.numpy.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
 from mha.numpy.training import clip_grad_norm, merge_pair, warmup_cosine
 from mha.numpy.rotary import apply_rotary, ntk_frequencies, rotary_at, rotary_embedding, rotary_frequencies, rotate_half
@@ -111,5 +111,5 @@ __all__ = [
     "mixture_of_experts",
     # latent and sparse attention (chapter 17)
     "absorbed_latent_decode", "expanded_latent_decode", "latent_cache_bytes", "latent_decode_flops",
-    "lightning_indexer_scores", "select_top_k_keys",
+    "lightning_indexer_scores", "select_top_k_keys", "latent_attention", "lightning_indexer",
 ]

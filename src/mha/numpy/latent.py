@@ -15,10 +15,17 @@ left-hand sides: every head's T keys and values, then attention. The absorbed fo
 latents read as they are, the value up-projection applied once to the weighted sum.
 """
 
+import math
+
 import numpy as np
 
 from mha import validate
-from mha.numpy.attention import as_float_array, as_mask, masked_softmax, transpose
+from mha.numpy.attention import (
+    as_float_array, as_mask, masked_softmax, merge_heads, scaled_dot_product_attention, split_heads, transpose,
+)
+from mha.numpy.parts import rms_norm
+from mha.numpy.rotary import apply_rotary, rotary_embedding
+from mha.numpy.sparse import lightning_indexer, select_top_k_keys
 
 
 def check_decode_inputs(q_nope, q_rope, latents, rotary_keys, W_uk, W_uv, scale):
@@ -104,3 +111,61 @@ def latent_decode_flops(T, n_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head
     expanded = T * r * h * (d_nope + d_v) + T * h * (d_nope + d_rope) + T * h * d_v
     absorbed = h * d_nope * r + T * h * (r + d_rope) + T * h * r + h * r * d_v
     return {"expanded": expanded, "absorbed": absorbed}
+
+
+def latent_scale(qk_head_dim, rope_scaling=None):
+    """The scores' factor: qk_head_dim ** -0.5, times DeepSeek's YaRN mscale squared where the scaling
+    has mscale_all_dim (0.1 mscale_all_dim ln(factor) + 1, for factor > 1)."""
+    scale = qk_head_dim ** -0.5
+    if rope_scaling is not None and rope_scaling.get("mscale_all_dim"):
+        factor = rope_scaling["factor"]
+        mscale = 1.0 if factor <= 1 else 0.1 * rope_scaling["mscale_all_dim"] * math.log(factor) + 1.0
+        scale = scale * mscale * mscale
+    return scale
+
+
+def deinterleave(x):
+    """(x0, x1, x2, x3, ...) -> (x0, x2, ..., x1, x3, ...): interleaved rotary pairs laid out as halves."""
+    return np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+
+
+def latent_attention(X, params, *, n_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, rope_base=10000.0,
+                     rope_scaling=None, rope_interleave=False, scale=None, norm_eps=1e-6, indexer=None, mask=None,
+                     causal=True):
+    """Multi-head latent attention over a prompt X (..., T, d_model), the expanded form; returns
+    (out (..., T, d_model), weights (..., h, T, T)). `mha.torch.MultiHeadLatentAttention.numpy_params()`
+    gives `params`: W_q (d_model, h (d_nope + d_rope)), or W_dq, b_dq, q_norm, W_uq (the compressed query);
+    W_dkv, b_dkv (the latent and the rotary key), kv_norm, W_ukv (per head [keys | values]), W_o, b_o;
+    with `indexer` (dict(n_heads=, head_dim=, top_k=)) the indexer's W_iq, W_ik, k_norm_weight, k_norm_bias,
+    W_iw. mask: booleans broadcasting to (..., h, T, T), True = may attend, besides causality."""
+    X = as_float_array("X", X)
+    h, d_nope, d_rope = n_heads, qk_nope_head_dim, qk_rope_head_dim
+    pairs = deinterleave if rope_interleave else (lambda x: x)
+    scale = latent_scale(d_nope + d_rope, rope_scaling) if scale is None else scale
+    cos, sin = rotary_embedding(X.shape[-2], d_rope, rope_base, dtype=X.dtype, scaling=rope_scaling)  # (T, d_rope)
+    q_low = None
+    if "W_q" in params:
+        Q = X @ params["W_q"]  # (..., T, h (d_nope + d_rope))
+    else:
+        q_low = rms_norm(X @ params["W_dq"] + params.get("b_dq", 0), params["q_norm"], norm_eps)  # (..., T, q_lora)
+        Q = q_low @ params["W_uq"]
+    Q = split_heads(Q, h)  # (..., h, T, d_nope + d_rope)
+    Q = np.concatenate([Q[..., :d_nope], apply_rotary(pairs(Q[..., d_nope:]), cos, sin)], axis=-1)
+    compressed = X @ params["W_dkv"] + params.get("b_dkv", 0)  # (..., T, r + d_rope)
+    r = compressed.shape[-1] - d_rope
+    latents = rms_norm(compressed[..., :r], params["kv_norm"], norm_eps)  # (..., T, r)
+    rotary_keys = apply_rotary(pairs(compressed[..., r:]), cos, sin)  # (..., T, d_rope), shared by the heads
+    per_head = split_heads(latents @ params["W_ukv"], h)  # (..., h, T, d_nope + d_v)
+    shared = np.broadcast_to(rotary_keys[..., None, :, :], (*per_head.shape[:-1], d_rope))  # (..., h, T, d_rope)
+    keys, values = np.concatenate([per_head[..., :d_nope], shared], axis=-1), per_head[..., d_nope:]
+    T = X.shape[-2]
+    allowed = np.tril(np.ones((T, T), dtype=bool)) if causal else np.ones((T, T), dtype=bool)  # (T, T)
+    if mask is not None:
+        allowed = allowed & as_mask(mask, (*Q.shape[:-1], T))  # (..., h, T, T)
+    if indexer is not None:
+        scores = lightning_indexer(X, q_low, params, cos, sin, n_heads=indexer["n_heads"],
+                                   head_dim=indexer["head_dim"], norm_eps=norm_eps)  # (..., T, T)
+        merged = allowed.any(axis=-3) if allowed.ndim >= 3 else allowed  # the indexer chooses for every head
+        allowed = allowed & select_top_k_keys(scores, indexer["top_k"], merged)[..., None, :, :]
+    out, weights = scaled_dot_product_attention(Q, keys, values, allowed, scale=scale)  # (..., h, T, d_v)
+    return merge_heads(out) @ params["W_o"] + params.get("b_o", 0), weights  # (..., T, d_model)

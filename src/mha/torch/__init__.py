@@ -54,7 +54,8 @@ from mha.torch.lm import LMBlock, LMConfig, TransformerLM, from_transformers, po
 from mha.torch.quantization import dequantize_q4_1, dequantize_q8_0, quantize_q4_1
 from mha.torch.parts import GatedFeedForward, GeGLU, RMSNorm, SwiGLU, soft_cap
 from mha.torch.experts import (
-    MixtureOfExperts, clamped_swiglu, group_limited_experts, route_tokens, route_tokens_in_groups,
+    MixtureOfExperts, balance_correction_bias, clamped_swiglu, expert_load, group_limited_experts, route_tokens,
+    route_tokens_in_groups,
 )
 from mha.torch.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
 from mha.torch.rotary import RotaryTables, apply_rotary, rotary_embedding, rotary_frequencies, rotate_half
@@ -89,6 +90,7 @@ __all__ = [
     "dequantize_q4_1", "dequantize_q8_0", "quantize_q4_1",
     # a mixture of experts: routing and the layer (chapter 17)
     "route_tokens", "group_limited_experts", "route_tokens_in_groups", "clamped_swiglu", "MixtureOfExperts",
+    "expert_load", "balance_correction_bias",
     # latent and sparse attention (chapter 17)
     "MultiHeadLatentAttention", "LatentCache", "latent_cache_bytes", "latent_decode_flops", "absorbed_latent_decode",
     "expanded_latent_decode", "LightningIndexer", "lightning_indexer_scores", "select_top_k_keys",

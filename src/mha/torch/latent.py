@@ -216,6 +216,31 @@ class MultiHeadLatentAttention(nn.Module):
         """An empty `LatentCache` for this layer."""
         return LatentCache()
 
+    def numpy_params(self):
+        """The weights as `mha.numpy.latent_attention` takes them: row vectors (W of shape (d_in, d_out)),
+        biases only where the layer has them."""
+        def array(t):
+            return t.detach().cpu().numpy()
+
+        linears = {"W_q": "W_q", "W_dq": "W_dq", "W_uq": "W_uq", "W_dkv": "W_dkv", "W_ukv": "W_ukv", "W_o": "W_o"}
+        if self.indexer is not None:
+            linears.update({"W_iq": "indexer.W_q", "W_ik": "indexer.W_k", "W_iw": "indexer.W_w"})
+        params = {}
+        for name, path in linears.items():
+            layer = self.get_submodule(path) if hasattr(self, path.split(".")[0]) else None
+            if layer is None:
+                continue
+            params[name] = array(layer.weight).T  # (d_in, d_out)
+            if layer.bias is not None:
+                params["b" + name[1:]] = array(layer.bias)
+        params["kv_norm"] = array(self.kv_norm.weight)
+        if self.q_lora_rank is not None:
+            params["q_norm"] = array(self.q_norm.weight)
+        if self.indexer is not None:
+            params["k_norm_weight"], params["k_norm_bias"] = (array(self.indexer.k_norm.weight),
+                                                              array(self.indexer.k_norm.bias))
+        return params
+
     def forward(self, x, mask=None, return_weights=False, *, causal=True, cache=None, positions=None):
         """x: (..., T, d_model). mask: booleans broadcasting to (..., h, T, T_k), T_k the positions held
         after this call. positions: integer (..., T), RoPE's positions (default cache.position onwards)."""

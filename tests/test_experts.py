@@ -122,6 +122,31 @@ def test_group_limited_routing_by_hand():
     assert experts.tolist() == [0, 2, 3, 1]
 
 
+def test_load_and_the_balancing_bias_by_hand():
+    experts = np.array([[0, 1], [0, 2], [0, 1]])  # loads 3, 2, 1, 0: mean 1.5
+    assert mnp.expert_load(experts, 4).tolist() == [3, 2, 1, 0]
+    assert mt.expert_load(torch.tensor(experts), 4).tolist() == [3, 2, 1, 0]
+    bias = np.array([0.1, 0.0, 0.0, -0.1])
+    np.testing.assert_allclose(mnp.balance_correction_bias(bias, experts, 0.01), [0.09, -0.01, 0.01, -0.09])
+    np.testing.assert_allclose(mt.balance_correction_bias(torch.tensor(bias), torch.tensor(experts), 0.01).numpy(),
+                               [0.09, -0.01, 0.01, -0.09])
+    with pytest.raises(ValueError, match=r"experts must lie in \[0, 2\)"):
+        mnp.expert_load(experts, 2)
+    with pytest.raises(TypeError, match="integer expert indices"):
+        mt.expert_load(torch.zeros(3), 2)
+
+def test_the_bias_updates_balance_a_lopsided_router():
+    """DeepSeek-V3's claim, on a router that favours the later experts: 50 steps of the sign rule bring the
+    busiest expert from 2.4 times the mean load to within 10% of it (measured: 2.40 -> 1.07)."""
+    logits = np.random.default_rng(0).normal(size=(512, 8)) + np.linspace(-1, 1, 8)
+    bias, loads = np.zeros(8), []
+    for _ in range(50):
+        _, experts = mnp.route_tokens(logits, 2, scoring="sigmoid", normalize=True, bias=bias)
+        loads.append(mnp.expert_load(experts, 8))
+        bias = mnp.balance_correction_bias(bias, experts, 0.01)
+    imbalance = [load.max() / load.mean() for load in loads]
+    assert imbalance[0] > 2.3 and imbalance[-1] < 1.1
+
 @pytest.mark.parametrize("options", [
     dict(), dict(normalize=True), dict(scoring="sigmoid"), dict(scoring="sigmoid", normalize=True, bias="bias"),
     dict(n_groups=4, top_groups=2, bias="bias"), dict(n_groups=2, top_groups=1, scoring="softmax", normalize=False),

@@ -53,8 +53,8 @@ from mha.numpy.lm import transformer_lm
 from mha.numpy.quantization import dequantize_q4_1, dequantize_q8_0, quantize_q4_1
 from mha.numpy.parts import gated_feed_forward, geglu, rms_norm, silu, soft_cap, swiglu
 from mha.numpy.experts import (
-    clamped_swiglu, expert_feed_forward, group_limited_experts, mixture_of_experts, route_tokens,
-    route_tokens_in_groups,
+    balance_correction_bias, clamped_swiglu, expert_feed_forward, expert_load, group_limited_experts,
+    mixture_of_experts, route_tokens, route_tokens_in_groups,
 )
 from mha.numpy.latent import (
     absorbed_latent_decode, expanded_latent_decode, latent_attention, latent_cache_bytes, latent_decode_flops,
@@ -108,7 +108,7 @@ __all__ = [
     "dequantize_q4_1", "dequantize_q8_0", "quantize_q4_1",
     # a mixture of experts: routing and the layer (chapter 17)
     "route_tokens", "group_limited_experts", "route_tokens_in_groups", "clamped_swiglu", "expert_feed_forward",
-    "mixture_of_experts",
+    "mixture_of_experts", "expert_load", "balance_correction_bias",
     # latent and sparse attention (chapter 17)
     "absorbed_latent_decode", "expanded_latent_decode", "latent_cache_bytes", "latent_decode_flops",
     "lightning_indexer_scores", "select_top_k_keys", "latent_attention", "lightning_indexer",

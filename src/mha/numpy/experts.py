@@ -10,7 +10,9 @@ times its score (divided by the chosen scores' sum when normalised):
   token may choose only among the experts of its best few groups;
 - `expert_feed_forward`: one expert, SwiGLU (silu(x W_gate) * (x W_up), then W_down) or gpt-oss's
   clamped form, with optional biases;
-- `mixture_of_experts`: the whole layer, routed experts plus optional shared ones.
+- `mixture_of_experts`: the whole layer, routed experts plus optional shared ones;
+- `expert_load` and `balance_correction_bias`: the tokens each expert received, and DeepSeek-V3's
+  update of its bias, which balances the load without an auxiliary loss.
 
 Row vectors as everywhere: expert e's matrices are W_gate[e], W_up[e] (d, d_expert) and W_down[e]
 (d_expert, d). Import them from `mha.numpy`.
@@ -227,3 +229,26 @@ def mixture_of_experts(X, W_router, W_gate, W_up, W_down, *, top_k, b_router=Non
             common = sigmoid(project("W_shared_gate", X, W_shared_gate, None, "X")) * common
         out = out + common
     return out
+
+
+def expert_load(experts, n_experts):
+    """How many tokens chose each expert: experts (..., top_k) int -> (n_experts,) int64 counts."""
+    experts = np.asarray(experts)
+    if not np.issubdtype(experts.dtype, np.integer):
+        raise TypeError(f"experts must hold integer expert indices, got dtype {experts.dtype}")
+    validate.check_int("n_experts", n_experts)
+    if experts.size and not 0 <= experts.min() <= experts.max() < n_experts:
+        raise ValueError(f"experts must lie in [0, {n_experts}), got {experts.min()} to {experts.max()}")
+    return np.bincount(experts.ravel(), minlength=n_experts).astype(np.int64)
+
+
+def balance_correction_bias(bias, experts, rate):
+    """DeepSeek-V3's balancing without an auxiliary loss: after a step, the bias of each expert that
+    received more than the mean load goes down by `rate`, of each that received less goes up.
+
+    bias: (n_experts,), experts: (..., top_k) the step's choices. Returns bias + rate * sign(mean - load).
+    """
+    bias = as_float_array("bias", bias)
+    validate.check_ndim("bias", bias, 1, 1)
+    load = expert_load(experts, bias.shape[0])  # (n_experts,)
+    return bias + bias.dtype.type(rate) * np.sign(load.mean() - load).astype(bias.dtype)

@@ -1,6 +1,7 @@
 """A mixture of experts in PyTorch: the same functions as `mha.numpy.experts`, and the layer (chapter 17).
 
-- `route_tokens`, `group_limited_experts`, `route_tokens_in_groups`, `clamped_swiglu`: as in NumPy.
+- `route_tokens`, `group_limited_experts`, `route_tokens_in_groups`, `clamped_swiglu`, `expert_load`,
+  `balance_correction_bias`: as in NumPy.
 - `MixtureOfExperts`: a router (nn.Linear to one logit per expert) sends each token to top_k of
   n_experts gated feed-forwards; shared experts, if any, see every token. One module computes the
   families' layers by its arguments (`mha.torch.hf.experts.experts_arguments` reads them):
@@ -161,6 +162,25 @@ def stacked_bias(n_experts, width, fan_in, options):
 def of_expert(bias, e):
     """Expert e's bias, or None when the experts have none."""
     return None if bias is None else bias[e]
+
+
+def expert_load(experts, n_experts):
+    """How many tokens chose each expert: experts (..., top_k) int -> (n_experts,) int64 counts."""
+    check_is_tensor("experts", experts)
+    if experts.is_floating_point() or experts.dtype == torch.bool:
+        raise TypeError(f"experts must hold integer expert indices, got dtype {experts.dtype}")
+    validate.check_int("n_experts", n_experts)
+    if experts.numel() and not 0 <= experts.min().item() <= experts.max().item() < n_experts:
+        raise ValueError(f"experts must lie in [0, {n_experts}), got {experts.min().item()} to {experts.max().item()}")
+    return torch.bincount(experts.flatten(), minlength=n_experts)
+
+
+def balance_correction_bias(bias, experts, rate):
+    """DeepSeek-V3's balancing without an auxiliary loss (as in NumPy): bias + rate * sign(mean load - load)."""
+    check_is_tensor("bias", bias)
+    validate.check_ndim("bias", bias, 1, 1)
+    load = expert_load(experts, bias.shape[0]).to(bias.dtype)  # (n_experts,)
+    return bias + rate * torch.sign(load.mean() - load)
 
 
 class MixtureOfExperts(nn.Module):

@@ -230,3 +230,23 @@ def test_torch_face_equals_numpy_face(options, dtype):
     assert expected[0].dtype == (np.float64 if dtype == torch.float64 else np.float32)
     np.testing.assert_allclose(out.numpy(), expected[0], rtol=0, atol=tolerance)
     np.testing.assert_allclose(weights.numpy(), expected[1], rtol=0, atol=tolerance)
+
+
+def test_the_absorbed_step_never_expands_the_cache():
+    attention, _ = deepseek_layer(12, True)
+    calls = []
+    for absorbed in (True, False):
+        ours = our_copy(attention, absorbed=absorbed)
+        ours.W_ukv.register_forward_hook(lambda module, inputs, output: calls.append((absorbed, inputs[0].shape)))
+        cache = ours.new_cache()
+        with torch.no_grad():
+            ours(torch.randn(1, 5, D_MODEL), cache=cache)  # the prompt: expanded in both
+            ours(torch.randn(1, 1, D_MODEL), cache=cache)  # one token: absorbed, or expanded over all 6
+    assert calls == [(True, (1, 5, R)), (False, (1, 5, R)), (False, (1, 6, R))]
+
+
+def test_absorbed_decode_gradcheck():
+    rng = np.random.default_rng(1)
+    inputs = [torch.tensor(a, requires_grad=True) for a in random_decode_inputs(rng, (2,), h=2, T=4)]
+    inputs[4], inputs[5] = inputs[4][:2].detach().requires_grad_(), inputs[5][:2].detach().requires_grad_()
+    assert torch.autograd.gradcheck(lambda *a: mt.absorbed_latent_decode(*a, 0.3)[0], inputs)

@@ -10,9 +10,10 @@ times its score (divided by the chosen scores' sum when normalised):
   token may choose only among the experts of its best few groups;
 - `expert_feed_forward`: one expert, SwiGLU (silu(x W_gate) * (x W_up), then W_down) or gpt-oss's
   clamped form, with optional biases;
-- `mixture_of_experts`: the whole layer, routed experts plus optional shared ones;
-- `expert_load` and `balance_correction_bias`: the tokens each expert received, and DeepSeek-V3's
-  update of its bias, which balances the load without an auxiliary loss.
+- `mixture_of_experts`: the whole layer, routed experts plus optional shared experts that every
+  token passes through (DeepSeekMoE, Dai et al., 2024; Qwen3-Next gates its own);
+- `expert_load` and `balance_correction_bias`: the tokens each expert received, and the update of
+  the choice bias that balances the load without an auxiliary loss (Wang et al., 2024; DeepSeek-V3).
 
 Row vectors as everywhere: expert e's matrices are W_gate[e], W_up[e] (d, d_expert) and W_down[e]
 (d_expert, d). Import them from `mha.numpy`.

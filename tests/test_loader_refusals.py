@@ -1,6 +1,6 @@
 """`GroupedQueryAttention.from_llama` on Hugging Face's decoder families: equal to the layer it
-copies (Llama, Mistral, Qwen2, Qwen3, Gemma 1, 2 and 3, OLMo 1 and 2, each RoPE scaling), or a
-ValueError naming what it cannot compute (clip_qkv, sinks, a partial RoPE, another RoPE type),
+copies (Llama, Mistral, Qwen2, Qwen3, Gemma 1, 2 and 3, OLMo 1, 2 and 3, gpt-oss's sinks, each RoPE scaling), or a
+ValueError naming what it cannot compute (clip_qkv, a partial RoPE, another RoPE type),
 never a silently different answer.
 
 Tiny random configs, nothing downloaded; weights drawn with std 0.3 (outputs of about 10) so a
@@ -33,6 +33,7 @@ FAMILIES = {
     "gemma3": ("gemma3", "Gemma3", "Gemma3TextConfig"),
     "olmo": ("olmo", "Olmo", "OlmoConfig"),
     "gpt_oss": ("gpt_oss", "GptOss", "GptOssConfig"),
+    "olmo3": ("olmo3", "Olmo3", "Olmo3Config"),
     "glm": ("glm", "Glm", "GlmConfig"),
 }
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
@@ -66,8 +67,9 @@ def hf_forward(attention, rotary, x, start=0, cache=None):
     """The layer over x (B, T, d) at positions start .., causal, as the model calls it."""
     B, T_new = x.shape[:2]
     position_ids = torch.arange(start, start + T_new)[None].expand(B, T_new)
-    per_layer_type = "layer_type" in inspect.signature(rotary.forward).parameters  # Gemma 3: one RoPE per type
-    cos_sin = rotary(x, position_ids, attention.layer_type) if per_layer_type else rotary(x, position_ids)
+    per_layer_type = "layer_type" in inspect.signature(rotary.forward).parameters  # Gemma 3, OLMo 3: one RoPE a type
+    cos_sin = rotary(x, position_ids, configuration.layer_type(attention)) if per_layer_type else \
+        rotary(x, position_ids)
     window = configuration.attention_options(attention, None)["sliding_window"]
     held = start if window is None or cache is None else min(start, window - 1)  # a window's cache keeps w - 1
     allowed = mt.causal_mask_after(T_new, held, window=window)  # (T, T_k): the model's mask for this layer
@@ -106,6 +108,9 @@ EQUAL = {
     "Gemma 3 with attn_logit_softcapping, which its attention ignores": ("gemma3", dict(
         layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=8, attn_logit_softcapping=5.0), 1),
     "OLMo 1 without clip_qkv": ("olmo", {}, 0),
+    "gpt-oss, sinks, full layer": ("gpt_oss", dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0)), 1),
+    "gpt-oss, sinks, sliding layer 3 < T, YaRN": ("gpt_oss", dict(sliding_window=3), 0),
+    "OLMo 3, sliding layer 3 < T": ("olmo3", dict(sliding_window=3), 0),
     "Llama 3 RoPE": ("llama", dict(rope_parameters=LLAMA3), 0),
     "linear RoPE": ("llama", dict(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=3.0)), 0),
     "YaRN RoPE": ("qwen2", dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
@@ -115,11 +120,14 @@ EQUAL = {
 }
 
 
+NO_SDPA = {"gemma2", "gpt_oss"}  # Hugging Face's sdpa refuses soft-capping; gpt-oss has no sdpa path (sinks)
+
+
 @pytest.mark.parametrize("family,changes,layer_idx,implementation", [
     (*value, implementation) for value in EQUAL.values() for implementation in ("eager", "sdpa")
-    if not (value[0] == "gemma2" and implementation == "sdpa")],  # Hugging Face's sdpa refuses soft-capping
+    if not (value[0] in NO_SDPA and implementation == "sdpa")],
     ids=[f"{key}-{implementation}" for key, value in EQUAL.items() for implementation in ("eager", "sdpa")
-         if not (value[0] == "gemma2" and implementation == "sdpa")])
+         if not (value[0] in NO_SDPA and implementation == "sdpa")])
 def test_from_llama_equals_the_families_it_computes(family, changes, layer_idx, implementation):
     attention, rotary = hf_layer(family, layer_idx, implementation=implementation, **changes)
     x = torch.randn(2, 7, 32)
@@ -153,7 +161,10 @@ def test_each_feature_matters_a_copy_without_it_differs():
                          ("Gemma 2, soft-cap 5, scalar 16, sliding layer", "sliding_window"),
                          ("Qwen3, q_norm and k_norm per head", "qk_norm"),
                          ("OLMo 2, q_norm and k_norm over all heads", "qk_norm"),
-                         ("Llama 3 RoPE", "rope_scaling"), ("YaRN RoPE", "rope_scaling")]:
+                         ("Llama 3 RoPE", "rope_scaling"), ("YaRN RoPE", "rope_scaling"),
+                         ("gpt-oss, sinks, full layer", "sinks"),
+                         ("gpt-oss, sinks, sliding layer 3 < T, YaRN", "sliding_window"),
+                         ("OLMo 3, sliding layer 3 < T", "sliding_window")]:
         family, changes, layer_idx = EQUAL[key]
         attention, rotary = hf_layer(family, layer_idx, **changes)
         ours = mt.GroupedQueryAttention.from_llama(attention, theta(attention))
@@ -195,8 +206,6 @@ def refusal(attention, rope_base=10000.0):
 REFUSED = {
     "GLM partial RoPE": ("glm", {}, 0, ["partial_rotary_factor=0.5 (RoPE on part of each head's features"]),
     "OLMo 1 clip_qkv": ("olmo", dict(clip_qkv=0.5), 0, ["clip_qkv=0.5 (queries, keys and values clamped"]),
-    "GPT-OSS sinks": ("gpt_oss", dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0)), 1,
-                      ["sinks (a learned logit per head"]),
     "LongRoPE": ("llama", dict(rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 4,
                                                     long_factor=[2.0] * 4, original_max_position_embeddings=4)),
                  0, ["RoPE of type 'longrope'"]),

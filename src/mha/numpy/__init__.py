@@ -60,6 +60,7 @@ from mha.numpy.latent import (
     absorbed_latent_decode, expanded_latent_decode, latent_attention, latent_cache_bytes, latent_decode_flops,
 )
 from mha.numpy.sparse import lightning_indexer, lightning_indexer_scores, select_top_k_keys
+from mha.numpy.sinks import sink_softmax
 from mha.numpy.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
 from mha.numpy.training import clip_grad_norm, merge_pair, warmup_cosine
 from mha.numpy.rotary import apply_rotary, ntk_frequencies, rotary_at, rotary_embedding, rotary_frequencies, rotate_half
@@ -106,6 +107,8 @@ __all__ = [
     "ulysses_all_to_all", "ring_attention_lists", "rank_partial_output",
     # a GGUF file's blocks, read and written (chapter 16)
     "dequantize_q4_1", "dequantize_q8_0", "quantize_q4_1",
+    # attention sinks (chapter 17)
+    "sink_softmax",
     # a mixture of experts: routing and the layer (chapter 17)
     "route_tokens", "group_limited_experts", "route_tokens_in_groups", "clamped_swiglu", "expert_feed_forward",
     "mixture_of_experts", "expert_load", "balance_correction_bias",

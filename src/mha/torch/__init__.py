@@ -36,11 +36,11 @@ from mha.torch.attention import (
     split_heads, with_causal,
 )
 from mha.torch.blocks import Decoder, DecoderBlock, Encoder, EncoderBlock, FeedForward, layer_norm
-from mha.torch.cache import KVCache, kv_cache_bytes
+from mha.torch.cache import KVCache, cache_bytes, kv_cache_bytes
 from mha.torch.chunked import chunked_attention
 from mha.torch.devices import default_device, synchronize
 from mha.torch.grouped import (
-    GroupedQueryAttention, attend_with_cache, causal_mask_after, repeat_kv, sliding_window_mask,
+    GroupedQueryAttention, attend_with_cache, causal_mask_after, repeat_kv, sink_softmax, sliding_window_mask,
 )
 from mha.torch.latent import (
     LatentCache, MultiHeadLatentAttention, absorbed_latent_decode, expanded_latent_decode, latent_cache_bytes,
@@ -88,6 +88,8 @@ __all__ = [
     "filter_logits", "generate", "apply_temperature", "top_k_filter", "top_p_filter",
     # a GGUF file's blocks, read and written (chapter 16)
     "dequantize_q4_1", "dequantize_q8_0", "quantize_q4_1",
+    # attention sinks, and the bytes a model's caches hold (chapter 17)
+    "sink_softmax", "cache_bytes",
     # a mixture of experts: routing and the layer (chapter 17)
     "route_tokens", "group_limited_experts", "route_tokens_in_groups", "clamped_swiglu", "MixtureOfExperts",
     "expert_load", "balance_correction_bias",

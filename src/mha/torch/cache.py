@@ -40,6 +40,13 @@ class KVCache:
             self.keys, self.values = self.keys[..., drop:, :], self.values[..., drop:, :]  # (..., h_kv, n, d)
             self.dropped += drop
 
+    @property
+    def nbytes(self):
+        """The bytes the cache holds: its keys and values (0 while empty)."""
+        if self.keys is None:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
     def __repr__(self):
         shape = "empty" if self.keys is None else f"keys {validate.shape_str(self.keys.shape)}"
         return f"{type(self).__name__}({shape})"
@@ -81,3 +88,22 @@ def kv_cache_bytes(n_layers, n_kv_heads, d_head, T, *, batch=1, bytes_per_value=
     return 2 * sizes["n_layers"] * sizes["n_kv_heads"] * sizes["d_head"] * sizes["T"] * sizes["batch"] \
         * sizes["bytes_per_value"]
 
+
+
+def cache_bytes(caches):
+    """The bytes held by a model's caches: a list as `TransformerLM.new_cache()` makes it (after a forward
+    filled it), or one layer's cache. Each distinct cache is counted once (layers sharing keys and values hold
+    their source's cache, the same object) and None (no cache) counts 0; each cache says its own `nbytes`
+    (KVCache: keys and values; LatentCache: latents and rotary keys).
+
+    Bytes per token: cache_bytes(cache) / (batch * T) after a forward of T tokens; a sliding window's cache
+    holds at most window - 1 positions, so there it is per held position, not per token seen."""
+    if caches is None or hasattr(caches, "nbytes"):
+        return 0 if caches is None else int(caches.nbytes)
+    if not isinstance(caches, (list, tuple)):
+        raise TypeError(f"caches must be a cache or a list of caches (model.new_cache()), got {type(caches).__name__}")
+    distinct = {id(c): c for c in caches if c is not None}
+    for c in distinct.values():
+        if not hasattr(c, "nbytes"):
+            raise TypeError(f"every cache must say its nbytes (a KVCache or a LatentCache), got {type(c).__name__}")
+    return sum(int(c.nbytes) for c in distinct.values())

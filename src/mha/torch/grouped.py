@@ -12,13 +12,17 @@ from torch import nn
 
 from mha import rope_scaling as rope_scaling_module
 from mha import validate
-from mha.torch.attention import linear_bias, linear_weight, merge_heads, scaled_dot_product_attention, split_heads
+from mha.torch.attention import (
+    linear_bias, linear_weight, merge_heads, scaled_dot_product_attention, soft_cap, split_heads,
+)
 from mha.torch.cache import KVCache
 from mha.torch.hf import configuration as hf_configuration
 from mha.torch.hf import weights as hf_weights
 from mha.torch.parts import RMSNorm
-from mha.torch.rotary import RotaryTables, apply_rotary, rotary_embedding
-from mha.torch.tensors import at_least_2d, check_input, check_mask_tensor, check_tensor, under_transform
+from mha.torch.rotary import RotaryTables, apply_rotary, rotary_embedding, rotated_by_signed_sin
+from mha.torch.tensors import (
+    at_least_2d, check_input, check_is_tensor, check_mask_tensor, check_tensor, under_transform,
+)
 
 
 def repeat_kv(x, n_rep):
@@ -82,26 +86,68 @@ def attend_with_cache(q, k, v, past_keys=None, past_values=None, *, causal=False
     return out, weights, keys, values
 
 
+def sink_softmax(scores, sinks):
+    """Weights (..., h, T_q, T_k) from scores (..., h, T_q, T_k) (-inf where masked) and one learned
+    logit per head, sinks (h,), as gpt-oss computes them: w_k = exp(s_k - m) / (exp(sink - m) +
+    sum_j exp(s_j - m)), m the row's max over its scores and the sink. The twin of
+    `mha.numpy.sink_softmax`: rows sum to less than 1, a fully masked row gives zeros."""
+    check_tensor("scores", scores)
+    check_is_tensor("sinks", sinks)
+    if not sinks.is_floating_point():
+        raise TypeError(f"sinks must be a floating-point tensor, got dtype {sinks.dtype}")
+    if scores.dim() < 3:
+        raise ValueError(f"scores must have shape (..., h, T_q, T_k), got {validate.shape_str(scores.shape)}")
+    if tuple(sinks.shape) != (scores.shape[-3],):
+        raise ValueError(f"sinks must have shape (h,) = ({scores.shape[-3]},), one logit per head, "
+                         f"got {validate.shape_str(sinks.shape)}")
+    sink = sinks.to(scores.dtype)[:, None, None]  # (h, 1, 1): the same sink for every row of head i
+    m = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)  # (..., h, T_q, 1)
+    e = (scores - m).exp()  # (..., h, T_q, T_k), 0 where masked (-inf)
+    return e / ((sink - m).exp() + e.sum(dim=-1, keepdim=True))  # (..., h, T_q, T_k)
+
+
+def attention_with_sinks(q, keys, values, mask, sinks, *, scale=None, logit_cap=None):
+    """The explicit attention of `grouped_attention` with gpt-oss's sinks: q (..., h, T_new, d_head), keys
+    and values (..., h, T_k, d_head) (already repeated per query head), mask broadcasting to
+    (..., h, T_new, T_k) or None, sinks (h,). Returns out (..., h, T_new, d_head), weights."""
+    dtype = q.dtype
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype  # half: computed in float32
+    q, keys, values = q.to(work), keys.to(work), values.to(work)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = (q @ keys.transpose(-2, -1)) * scale  # (..., h, T_new, T_k)
+    if logit_cap is not None:
+        scores = soft_cap(scores, logit_cap)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = sink_softmax(scores, sinks)  # (..., h, T_new, T_k), rows summing to less than 1
+    return (weights @ values).to(dtype), weights.to(dtype)
+
+
 def grouped_attention(q, keys, values, T_past, *, causal=False, mask=None, window=None, scale=None, logit_cap=None,
-                      return_weights=False):
+                      return_weights=False, sinks=None):
     """Attention of the new queries over the held keys, the last T_new of which are the queries' own.
 
     q: (..., h, T_new, d_head); keys, values: (..., h_kv, T_past + T_new, d_head), rotated.
     causal: query t sees the T_past held keys and the new ones up to itself; `window` keeps only
     the last `window` of those. `mask` (..., h, T_new, T_past + T_new) must allow a key too.
     `scale` replaces d_head ** -0.5; `logit_cap` soft-caps the scores (then the explicit form runs,
-    as it does for `return_weights`). Returns out (..., h, T_new, d_head) and the weights or None.
+    as it does for `return_weights`); `sinks` (h,) adds gpt-oss's logit per head to each row's
+    denominator (`sink_softmax`, explicit form). Returns out (..., h, T_new, d_head) and the weights or None.
     """
     n_rep, T_new, T_k = q.shape[-3] // keys.shape[-3], q.shape[-2], keys.shape[-2]
     if mask is not None:
         check_mask_tensor(mask, (*q.shape[:-2], T_new, T_k), like=q)
         mask = at_least_2d(mask)  # (1, 1) or (1, T_k) for a 0-D or 1-D mask: a shape the fused kernel takes
-    explicit = return_weights or logit_cap is not None or any(map(under_transform, (q, keys, values)))
+    explicit = return_weights or logit_cap is not None or sinks is not None or \
+        any(map(under_transform, (q, keys, values)))
     kernel_causal = causal and mask is None and T_past == 0 and window is None and not explicit
     needs_window = window is not None and T_k > window  # a single new query's window can hold every key
     if causal and not kernel_causal and (T_new > 1 or needs_window):
         causal_part = causal_mask_after(T_new, T_past, q.device, window=window)  # (T_new, T_past + T_new)
         mask = causal_part if mask is None else mask & causal_part
+    if sinks is not None:
+        return attention_with_sinks(q, repeat_kv(keys, n_rep), repeat_kv(values, n_rep), mask, sinks, scale=scale,
+                                    logit_cap=logit_cap)
     if explicit:
         return scaled_dot_product_attention(q, repeat_kv(keys, n_rep), repeat_kv(values, n_rep), mask,
                                             scale=scale, logit_cap=logit_cap)
@@ -142,12 +188,21 @@ class GroupedQueryAttention(nn.Module):
     - scale: the scores' factor instead of d_head ** -0.5 (Gemma's query_pre_attn_scalar ** -0.5);
     - logit_cap: scores become logit_cap * tanh(scores / logit_cap) (Gemma 2);
     - sliding_window: a causal query sees only the last sliding_window positions, itself included
-      (Mistral; Gemma's sliding layers); a cache then keeps only the last sliding_window - 1.
+      (Mistral; Gemma's sliding layers); a cache then keeps only the last sliding_window - 1;
+    - sinks: a learned logit per head, the parameter `sinks` (h,), in each row's softmax denominator
+      (gpt-oss, 2025; `sink_softmax`): a head may give most of its attention to no token;
+    - output_gate: Qwen3-Next's gated attention (Qiu et al., 2025): W_q makes, per head, the query and
+      a gate of d_head features ([query | gate], 2 * d_head outputs a head); the heads' outputs are
+      multiplied by sigmoid(gate) before W_o;
+    - own_kv=False: the layer has no W_k, W_v and attends to the keys and values of an earlier layer,
+      given as `shared_kv` (cross-layer KV sharing: Brandon et al., 2024; Gemma 3n's shared layers).
+    `new_cache()` is a KVCache for this layer (None for a layer that makes no keys).
     """
 
     def __init__(self, d_model, n_heads, n_kv_heads, *, d_head=None, bias=False, rope_base=None,
                  rope_scaling=None, qk_norm=None, norm_eps=1e-6, norm_unit_offset=False, scale=None,
-                 logit_cap=None, sliding_window=None, device=None, dtype=None):
+                 logit_cap=None, sliding_window=None, sinks=False, output_gate=False, own_kv=True, device=None,
+                 dtype=None):
         super().__init__()
         self.d_model = validate.check_int("d_model", d_model)
         self.n_rep = validate.check_group_sizes(n_heads, n_kv_heads)
@@ -166,11 +221,16 @@ class GroupedQueryAttention(nn.Module):
         self.scale = validate.check_scale(scale)
         self.logit_cap = None if logit_cap is None else validate.check_cap(logit_cap)
         self.sliding_window = None if sliding_window is None else validate.check_int("sliding_window", sliding_window)
+        for name, flag in (("sinks", sinks), ("output_gate", output_gate), ("own_kv", own_kv)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        self.output_gate, self.own_kv = output_gate, own_kv
         options = dict(bias=bias, device=device, dtype=dtype)
-        self.W_q = nn.Linear(d_model, n_heads * d_head, **options)
-        self.W_k = nn.Linear(d_model, n_kv_heads * d_head, **options)
-        self.W_v = nn.Linear(d_model, n_kv_heads * d_head, **options)
+        self.W_q = nn.Linear(d_model, n_heads * d_head * (2 if output_gate else 1), **options)  # [query | gate] a head
+        self.W_k = nn.Linear(d_model, n_kv_heads * d_head, **options) if own_kv else None
+        self.W_v = nn.Linear(d_model, n_kv_heads * d_head, **options) if own_kv else None
         self.W_o = nn.Linear(n_heads * d_head, d_model, **options)
+        self.sinks = nn.Parameter(torch.zeros(n_heads, device=device, dtype=dtype)) if sinks else None
         if qk_norm not in (None, "head", "all"):
             raise ValueError(f'qk_norm must be None, "head" (per head, Qwen3 and Gemma 3) or "all" (over all '
                              f'heads, OLMo 2), got {qk_norm!r}')
@@ -181,36 +241,105 @@ class GroupedQueryAttention(nn.Module):
             self.q_norm, self.k_norm = RMSNorm(widths[0], **norm), RMSNorm(widths[1], **norm)
         self.rotary = None if self.rope_base is None else RotaryTables(d_head, self.rope_base, self.rope_scaling)
 
-    def forward(self, x, mask=None, return_weights=False, *, causal=False, cache=None, positions=None):
+    def forward(self, x, mask=None, return_weights=False, *, causal=False, cache=None, positions=None,
+                shared_kv=None):
         """x: (..., T, d_model). mask: booleans broadcasting to (..., h, T, T_k), T_k the keys held
         after this call (with a cache: its held positions, then the T new ones). positions: integer
-        (..., T), the RoPE positions of the new tokens (default cache.position + 0 .. T - 1)."""
+        (..., T), the RoPE positions of the new tokens (default cache.position + 0 .. T - 1).
+        shared_kv: for a layer without its own keys (own_kv=False), what `forward_with_kv` of the layer
+        it shares with returned this call."""
+        out, weights, _ = self.forward_with_kv(x, mask, return_weights, causal=causal, cache=cache,
+                                               positions=positions, shared_kv=shared_kv)
+        return out, weights
+
+    def new_cache(self):
+        """An empty KVCache for this layer's keys and values; None if it makes none (own_kv=False)."""
+        return KVCache() if self.own_kv else None
+
+    def forward_with_kv(self, x, mask=None, return_weights=False, *, causal=False, cache=None, positions=None,
+                        shared_kv=None):
+        """As `forward`, and also the keys and values it attended to: (out, weights, shared) with shared =
+        (keys, values, start), keys and values (..., h_kv, T_held, d_head) (rotated; all held before this
+        call's window trim, the T new ones last) and start the position of the first new token, which a
+        later layer sharing them (own_kv=False) takes as its `shared_kv`."""
         check_input(self, "x", x, self.d_model, weight=self.W_q.weight)
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a mha.torch.KVCache, got {type(cache).__name__}")
-        q, k, v = self.project(x)  # (..., h, T, d_head), (..., h_kv, T, d_head) twice
+        if not self.own_kv:
+            return self.attend_shared(x, mask, return_weights, causal, positions, shared_kv)
+        if shared_kv is not None:
+            raise ValueError("shared_kv is for a layer without its own keys and values (own_kv=False)")
+        q, gate, k, v = self.project_gated(x)  # (..., h, T, d_head), (..., T, h * d_head) or None, (..., h_kv, T, d_head)
         T_past = 0 if cache is None else len(cache)
+        start = 0 if cache is None else cache.position
         if self.rotary is not None:  # apply_rotary with this layer's stored tables
-            q, k = self.rotary.rotate(q, k, 0 if cache is None else cache.position, positions)
+            q, k = self.rotary.rotate(q, k, start, positions)
         elif positions is not None:
             raise ValueError("positions are RoPE's positions, but this layer has no RoPE (rope_base=None)")
         keys, values = (k, v) if cache is None else cache.append(k, v)  # (..., h_kv, T_past + T, d_head)
         out, weights = grouped_attention(q, keys, values, T_past, causal=causal, mask=mask, window=self.sliding_window,
-                                         scale=self.scale, logit_cap=self.logit_cap, return_weights=return_weights)
+                                         scale=self.scale, logit_cap=self.logit_cap, return_weights=return_weights,
+                                         sinks=self.sinks)
         if cache is not None and self.sliding_window is not None:
             cache.keep_last(self.sliding_window - 1)  # the next query's window holds these and itself
-        return self.W_o(merge_heads(out)), weights  # (..., T, d_model)
+        return self.output(out, gate), weights, (keys, values, start)
 
-    def project(self, x):
-        """Queries (..., h, T, d_head), keys and values (..., h_kv, T, d_head), QK-normed if asked."""
-        q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)  # (..., T, h * d_head), (..., T, h_kv * d_head)
+    def attend_shared(self, x, mask, return_weights, causal, positions, shared_kv):
+        """The queries of x over an earlier layer's keys and values, shared_kv = (keys, values, start)."""
+        if not (isinstance(shared_kv, tuple) and len(shared_kv) == 3):
+            raise ValueError("this layer has no W_k, W_v (own_kv=False): give shared_kv=(keys, values, start), "
+                             f"what the layer it shares with returned from forward_with_kv, got {type(shared_kv).__name__}")
+        keys, values, start = shared_kv
+        q, gate = self.queries(x)  # (..., h, T, d_head), (..., T, h * d_head) or None
+        if self.rotary is not None:
+            cos, signed_sin = self.rotary.rows(q.shape[-2], start, positions, q.dtype, q.device, signed=True)
+            q = rotated_by_signed_sin(q, cos, signed_sin)
+        elif positions is not None:
+            raise ValueError("positions are RoPE's positions, but this layer has no RoPE (rope_base=None)")
+        T_past = keys.shape[-2] - q.shape[-2]  # the new tokens' keys are the last ones held
+        out, weights = grouped_attention(q, keys, values, T_past, causal=causal, mask=mask, window=self.sliding_window,
+                                         scale=self.scale, logit_cap=self.logit_cap, return_weights=return_weights,
+                                         sinks=self.sinks)
+        return self.output(out, gate), weights, shared_kv
+
+    def output(self, out, gate):
+        """The heads' outputs (..., h, T, d_head), merged, gated (output_gate), through W_o: (..., T, d_model)."""
+        out = merge_heads(out)  # (..., T, h * d_head)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)  # Qwen3-Next: each head's output, feature by feature
+        return self.W_o(out)  # (..., T, d_model)
+
+    def queries(self, x):
+        """Queries (..., h, T, d_head), QK-normed if asked, and the output gate (..., T, h * d_head) or None."""
+        q, gate = self.W_q(x), None  # (..., T, h * d_head), or (..., T, h * 2 * d_head) with the gate
+        if self.output_gate:
+            *batch, T, _ = q.shape
+            q, gate = q.view(*batch, T, self.n_heads, 2 * self.d_head).chunk(2, dim=-1)  # (..., T, h, d_head) each
+            q = q.reshape(*batch, T, self.n_heads * self.d_head)  # (..., T, h * d_head)
+            gate = gate.reshape(*batch, T, self.n_heads * self.d_head)  # (..., T, h * d_head)
         if self.qk_norm == "all":
-            q, k = self.q_norm(q), self.k_norm(k)
+            q = self.q_norm(q)
         q = split_heads(q, self.n_heads)  # (..., h, T, d_head)
+        if self.qk_norm == "head":
+            q = self.q_norm(q)
+        return q, gate
+
+    def project_gated(self, x):
+        """Queries, the output gate (or None), keys and values: see `queries` and `project`."""
+        q, gate = self.queries(x)
+        k = self.W_k(x)  # (..., T, h_kv * d_head)
+        if self.qk_norm == "all":
+            k = self.k_norm(k)
         k = split_heads(k, self.n_kv_heads)  # (..., h_kv, T, d_head)
         if self.qk_norm == "head":
-            q, k = self.q_norm(q), self.k_norm(k)
-        return q, k, split_heads(v, self.n_kv_heads)  # (..., h_kv, T, d_head)
+            k = self.k_norm(k)
+        return q, gate, k, split_heads(self.W_v(x), self.n_kv_heads)  # (..., h_kv, T, d_head)
+
+    def project(self, x):
+        """Queries (..., h, T, d_head), keys and values (..., h_kv, T, d_head), QK-normed if asked
+        (without the output gate: `project_gated` returns it too)."""
+        q, _, k, v = self.project_gated(x)
+        return q, k, v
 
     @classmethod
     def from_llama(cls, attention, rope_base=10000.0):
@@ -222,10 +351,10 @@ class GroupedQueryAttention(nn.Module):
         Proven equal, each by a test against Hugging Face on a tiny random config: Llama, Mistral
         (its window), Qwen2 (biases on q, k and v; use_sliding_window), Qwen3 (q_norm, k_norm per
         head), OLMo 2 (over all heads), Gemma 1, Gemma 2 (query_pre_attn_scalar, soft-capping,
-        sliding layers), Gemma 3 (a RoPE per layer type), OLMo 1 without clip_qkv, and RoPE scaling
-        (linear, dynamic, YaRN, Llama 3). Refused with a ValueError naming the feature, each tested:
-        clip_qkv (OLMo 1), sinks (GPT-OSS), partial_rotary_factor (GLM), other RoPE types, unknown
-        norms. Hugging Face's layouts are read in `mha.torch.hf` (from_transformers reads a whole
+        sliding layers), Gemma 3 (a RoPE per layer type), OLMo 1 without clip_qkv, OLMo 3 (its sliding
+        layers), gpt-oss (sinks, sliding layers), and RoPE scaling (linear, dynamic, YaRN, Llama 3).
+        Refused with a ValueError naming the feature, each tested: clip_qkv (OLMo 1),
+        partial_rotary_factor (GLM), other RoPE types, unknown norms. Hugging Face's layouts are read in `mha.torch.hf` (from_transformers reads a whole
         model's layers the same way)."""
         arguments = hf_configuration.attention_arguments(attention, rope_base)  # sizes and features, or refused
         q_proj = attention.q_proj  # (n_heads * d_head, d_model), as nn.Linear stores it
@@ -246,7 +375,12 @@ class GroupedQueryAttention(nn.Module):
 
     def numpy_params(self):
         """The keyword arguments of `mha.numpy.grouped_query_attention`, in the row-vector convention:
-        grouped_query_attention(X, **module.numpy_params()) computes what the module computes."""
+        grouped_query_attention(X, **module.numpy_params()) computes what the module computes. The NumPy
+        face has no sinks, output gate or shared keys: a layer with one is refused by name."""
+        missing = [name for name, used in (("sinks", self.sinks is not None), ("output_gate", self.output_gate),
+                                           ("own_kv=False", not self.own_kv)) if used]
+        if missing:
+            raise ValueError(f"mha.numpy.grouped_query_attention does not compute {', '.join(missing)}")
         layers = {"q": self.W_q, "k": self.W_k, "v": self.W_v, "o": self.W_o}
         params = {f"W_{n}": linear_weight(layer) for n, layer in layers.items()}
         params.update({f"b_{n}": linear_bias(layer) for n, layer in layers.items()})

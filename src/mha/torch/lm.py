@@ -23,7 +23,7 @@ from torch import nn
 from mha import validate
 from mha.torch.attention import linear_bias, linear_weight, soft_cap
 from mha.torch.blocks import FeedForward
-from mha.torch.cache import KVCache
+from mha.torch.cache import KVCache, cache_bytes
 from mha.torch.grouped import GroupedQueryAttention
 from mha.torch.hf import configuration as hf_configuration
 from mha.torch.hf import families as hf_families
@@ -32,6 +32,7 @@ from mha.torch.model import check_head_mask, check_ids, check_prompt
 from mha.torch.parts import GatedFeedForward, RMSNorm
 
 NORM_PLACEMENTS = ("pre", "sandwich", "post")
+ATTENTION_TYPES = ("grouped", "latent")  # GroupedQueryAttention, MultiHeadLatentAttention (DeepSeek)
 FEED_FORWARDS = ("silu", "gelu_tanh", "mlp_gelu_tanh")  # SwiGLU, GeGLU, GPT-2's two layers with biases
 
 
@@ -49,6 +50,15 @@ class LMConfig:
     embedding_scale: None, or the factor on the embeddings (Gemma: sqrt(d_model)).
     final_logit_cap: None, or Gemma 2's soft cap on the logits.
     padding_idx: None, or the token id whose embedding row gets no gradient (nn.Embedding's padding_idx).
+    attention_type: "grouped" (`GroupedQueryAttention`, its kwargs in `attention`) or "latent"
+    (`MultiHeadLatentAttention`, DeepSeek-V2/V3's, its kwargs in `attention`).
+    experts: None, or the keyword arguments of `MixtureOfExperts` but d_model; expert_layers: the indices
+    of the layers whose feed-forward is that mixture (None: every layer); the others keep the dense
+    feed-forward of width d_ff.
+    kv_sharing: () or one int per layer: the layer whose keys and values it attends to. Itself: it makes its
+    own; an earlier layer (which makes its own): it has no W_k, W_v and reuses that layer's, rotated keys
+    included (cross-layer KV sharing: Brandon et al., 2024; Gemma 3n). A sharing layer's window may not be
+    wider than its source's (the source's cache keeps only its own window).
     """
 
     vocab_size: int
@@ -67,6 +77,10 @@ class LMConfig:
     embedding_scale: float = None
     final_logit_cap: float = None
     padding_idx: int = None
+    attention_type: str = "grouped"
+    experts: dict = None
+    expert_layers: tuple = None
+    kv_sharing: tuple = ()
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "d_ff"):
@@ -79,13 +93,59 @@ class LMConfig:
         if self.layer_attention and len(self.layer_attention) != self.n_layers:
             raise ValueError(f"layer_attention needs one dict per layer (n_layers={self.n_layers}), "
                              f"got {len(self.layer_attention)}")
+        if self.attention_type not in ATTENTION_TYPES:
+            raise ValueError(f"attention_type must be one of {ATTENTION_TYPES}, got {self.attention_type!r}")
+        module = "GroupedQueryAttention" if self.attention_type == "grouped" else "MultiHeadLatentAttention"
         if not isinstance(self.attention, dict) or "n_heads" not in self.attention:
-            raise ValueError(f"attention must be a dict of GroupedQueryAttention arguments with n_heads, "
-                             f"got {self.attention!r}")
+            raise ValueError(f"attention must be a dict of {module} arguments with n_heads, got {self.attention!r}")
+        self.check_experts()
+        self.check_kv_sharing()
+
+    def check_experts(self):
+        if self.experts is not None and not isinstance(self.experts, dict):
+            raise TypeError(f"experts must be None or a dict of MixtureOfExperts arguments, "
+                            f"got {type(self.experts).__name__}")
+        if self.expert_layers is None:
+            return
+        if self.experts is None:
+            raise ValueError("expert_layers names the layers whose feed-forward is the mixture: give experts too")
+        layers = tuple(self.expert_layers)
+        if not all(isinstance(i, int) and 0 <= i < self.n_layers for i in layers) or len(set(layers)) != len(layers):
+            raise ValueError(f"expert_layers must be distinct layer indices 0 .. {self.n_layers - 1}, "
+                             f"got {self.expert_layers!r}")
+
+    def check_kv_sharing(self):
+        if not self.kv_sharing:
+            return
+        sources = tuple(self.kv_sharing)
+        if len(sources) != self.n_layers:
+            raise ValueError(f"kv_sharing needs one layer index per layer (n_layers={self.n_layers}), "
+                             f"got {len(sources)}")
+        for i, j in enumerate(sources):
+            if not isinstance(j, int) or not 0 <= j <= i or sources[j] != j:
+                raise ValueError(f"kv_sharing[{i}] must be {i} (its own keys) or an earlier layer that makes its "
+                                 f"own, got {j!r} (kv_sharing={sources})")
+        if self.attention_type != "grouped" and sources != tuple(range(self.n_layers)):
+            raise ValueError(f"kv_sharing is computed for attention_type='grouped' only, got "
+                             f"{self.attention_type!r}")
+        for i, j in enumerate(sources):
+            window, source_window = self.layer(i).get("sliding_window"), self.layer(j).get("sliding_window")
+            if source_window is not None and (window is None or window > source_window):
+                raise ValueError(f"layer {i} shares layer {j}'s keys, whose cache keeps only a window of "
+                                 f"{source_window}: layer {i}'s window ({window}) must not be wider")
+
+    def kv_source(self, i):
+        """The layer whose keys and values layer i attends to (i itself without sharing)."""
+        return self.kv_sharing[i] if self.kv_sharing else i
+
+    def has_experts(self, i):
+        """Whether layer i's feed-forward is the mixture of experts."""
+        return self.experts is not None and (self.expert_layers is None or i in tuple(self.expert_layers))
 
     def layer(self, i):
-        """The GroupedQueryAttention arguments of layer i."""
-        options = {"n_kv_heads": self.attention["n_heads"], **self.attention}
+        """The attention arguments of layer i (GroupedQueryAttention's, or MultiHeadLatentAttention's)."""
+        options = dict(self.attention) if self.attention_type == "latent" else \
+            {"n_kv_heads": self.attention["n_heads"], **self.attention}
         return {**options, **(self.layer_attention[i] if self.layer_attention else {})}
 
 
@@ -103,8 +163,16 @@ class LMBlock(nn.Module):
     def __init__(self, config, layer, *, device=None, dtype=None):
         super().__init__()
         options = dict(device=device, dtype=dtype)
-        self.attention = GroupedQueryAttention(config.d_model, **config.layer(layer), **options)
-        if config.feed_forward == "mlp_gelu_tanh":
+        if config.attention_type == "latent":
+            from mha.torch.latent import MultiHeadLatentAttention  # part of the same library, imported when used
+            self.attention = MultiHeadLatentAttention(config.d_model, **config.layer(layer), **options)
+        else:
+            own = {} if config.kv_source(layer) == layer else {"own_kv": False}  # a sharer has no W_k, W_v
+            self.attention = GroupedQueryAttention(config.d_model, **config.layer(layer), **own, **options)
+        if config.has_experts(layer):
+            from mha.torch.experts import MixtureOfExperts
+            self.feed_forward = MixtureOfExperts(config.d_model, **config.experts, **options)
+        elif config.feed_forward == "mlp_gelu_tanh":
             self.feed_forward = FeedForward(config.d_model, config.d_ff, activation="gelu_tanh", **options)
         else:
             self.feed_forward = GatedFeedForward(config.d_model, config.d_ff, activation=config.feed_forward,
@@ -117,15 +185,23 @@ class LMBlock(nn.Module):
         self.feed_forward_norm_in = make_norm(config, **options) if norm_in else None
         self.feed_forward_norm_out = make_norm(config, **options) if norm_out else None
 
-    def forward(self, x, mask=None, *, cache=None, positions=None, return_weights=False):
-        """x: (..., T, d_model) -> (x, weights (..., h, T, T_k) or None). The attention is causal."""
+    def forward(self, x, mask=None, *, cache=None, positions=None, return_weights=False, shared_kv=None,
+                return_kv=False):
+        """x: (..., T, d_model) -> (x, weights (..., h, T, T_k) or None). The attention is causal.
+        KV sharing: shared_kv, an earlier layer's (keys, values, start), for a layer without its own;
+        return_kv=True returns (x, weights, (keys, values, start)) of this layer's attention."""
         a = x if self.attention_norm_in is None else self.attention_norm_in(x)
-        a, weights = self.attention(a, mask, return_weights, causal=True, cache=cache, positions=positions)
+        kv = None
+        if return_kv or shared_kv is not None:
+            a, weights, kv = self.attention.forward_with_kv(a, mask, return_weights, causal=True, cache=cache,
+                                                            positions=positions, shared_kv=shared_kv)
+        else:
+            a, weights = self.attention(a, mask, return_weights, causal=True, cache=cache, positions=positions)
         x = x + (a if self.attention_norm_out is None else self.attention_norm_out(a))  # (..., T, d_model)
         f = x if self.feed_forward_norm_in is None else self.feed_forward_norm_in(x)
         f = self.feed_forward(f)
         x = x + (f if self.feed_forward_norm_out is None else self.feed_forward_norm_out(f))  # (..., T, d_model)
-        return x, weights
+        return (x, weights, kv) if return_kv else (x, weights)
 
 
 class TransformerLM(nn.Module):
@@ -153,6 +229,8 @@ class TransformerLM(nn.Module):
         self.positions = None if config.max_positions is None else \
             nn.Embedding(config.max_positions, config.d_model, **options)
         self.blocks = nn.ModuleList(LMBlock(config, i, **options) for i in range(config.n_layers))
+        self.kv_sources = tuple(config.kv_source(i) for i in range(config.n_layers))
+        self.kv_shared = frozenset(j for i, j in enumerate(self.kv_sources) if j != i)  # layers whose keys are reused
         self.norm = make_norm(config, **options)
         self.output = None if config.tie_embeddings else \
             nn.Linear(config.d_model, config.vocab_size, bias=False, **options)
@@ -171,8 +249,16 @@ class TransformerLM(nn.Module):
         return self.blocks[0].attention.n_heads
 
     def new_cache(self):
-        """One empty KVCache per layer."""
-        return [KVCache() for _ in self.blocks]
+        """One empty cache per layer, as each attention layer makes it (`new_cache()`: a KVCache, or a
+        LatentCache for latent attention). A layer that shares an earlier layer's keys and values (kv_sharing)
+        holds none of its own: its entry is its source's cache, the same object, so that
+        `mha.torch.cache_bytes(cache)` counts the bytes of the layers that make keys, once each."""
+        caches = [block.attention.new_cache() for block in self.blocks]
+        return [caches[j] for j in self.kv_sources]
+
+    def cache_bytes(self, cache):
+        """The bytes a filled `new_cache()` holds (each distinct cache once): `mha.torch.cache_bytes(cache)`."""
+        return cache_bytes(cache)
 
     def forward(self, tokens, attention_mask=None, *, position_ids=None, cache=None, return_weights=False,
                 head_mask=None, last_only=False):
@@ -183,7 +269,9 @@ class TransformerLM(nn.Module):
             return (out[0][0], out[1][:, 0]) if return_weights else out[0]
         check_lm_tokens(tokens, self.config.vocab_size)
         T = tokens.shape[-1]
-        start = check_cache(cache, len(self.blocks))
+        if isinstance(cache, list) and not cache:  # an empty list: filled with new_cache()
+            cache.extend(self.new_cache())
+        start = check_cache(cache, len(self.blocks), self.kv_sources)
         rope_positions = position_ids  # None: each layer turns by its cache's positions, start .. start + T - 1
         if position_ids is None:
             position_ids = torch.arange(start, start + T, device=tokens.device).expand(tokens.shape)  # (B, T)
@@ -193,11 +281,25 @@ class TransformerLM(nn.Module):
             check_head_mask(head_mask, len(self.blocks), self.n_heads, tokens)
         x = self.embed(tokens, position_ids)  # (B, T, d_model)
         rope_positions = None if self.positions is not None else rope_positions
-        all_weights = []
+        all_weights, shared = [], {}  # shared: layer -> (keys, values, start, first held position) for its sharers
         for i, block in enumerate(self.blocks):
-            layer_cache = None if cache is None else cache[i]
-            mask = layer_mask(keep, layer_cache, head_mask, i)  # (B, 1 or h, 1, T_k) or None
-            x, weights = block(x, mask, cache=layer_cache, positions=rope_positions, return_weights=return_weights)
+            source = self.kv_sources[i]
+            if source != i:  # KV sharing: this layer attends to its source's keys and values of this call
+                keys, values, kv_start, first = shared[source]
+                mask = layer_mask(keep, None, head_mask, i, first=first)  # (B, 1 or h, 1, T_k) or None
+                x, weights = block(x, mask, positions=rope_positions, return_weights=return_weights,
+                                   shared_kv=(keys, values, kv_start))
+            else:
+                layer_cache = None if cache is None else cache[i]
+                mask = layer_mask(keep, layer_cache, head_mask, i)  # (B, 1 or h, 1, T_k) or None
+                if i in self.kv_shared:
+                    first = 0 if layer_cache is None else layer_cache.dropped  # before this call's window trim
+                    x, weights, kv = block(x, mask, cache=layer_cache, positions=rope_positions,
+                                           return_weights=return_weights, return_kv=True)
+                    shared[i] = (*kv, first)
+                else:
+                    x, weights = block(x, mask, cache=layer_cache, positions=rope_positions,
+                                       return_weights=return_weights)
             all_weights.append(weights)
         if last_only:
             x = x[:, -1:]  # (B, 1, d_model)
@@ -292,8 +394,13 @@ def norm_params(norm):
 
 
 def block_params(block):
-    """One LMBlock's weights for `mha.numpy.transformer_lm`."""
+    """One LMBlock's weights for `mha.numpy.transformer_lm` (which has no mixture of experts)."""
     ff = block.feed_forward
+    if not isinstance(block.attention, GroupedQueryAttention):
+        raise ValueError(f"mha.numpy.transformer_lm has no {type(block.attention).__name__}: it computes "
+                         f"GroupedQueryAttention only")
+    if not isinstance(ff, (FeedForward, GatedFeedForward)):
+        raise ValueError(f"mha.numpy.transformer_lm has no {type(ff).__name__}: it computes dense feed-forwards only")
     return {"attention": block.attention.numpy_params(),
             "feed_forward": {"kind": "mlp", **ff.numpy_params()} if isinstance(ff, FeedForward)
             else {"kind": "gated", **ff.numpy_params()},
@@ -307,18 +414,20 @@ def check_lm_tokens(tokens, vocab_size):
         raise ValueError(f"tokens must have shape (B, T) with T >= 1, got {validate.shape_str(tokens.shape)}")
 
 
-def check_cache(cache, n_layers):
-    """A cache is one KVCache per layer, all at the same position; returns that position (0 without one).
-    An empty list is filled with one empty KVCache per layer."""
+def check_cache(cache, n_layers, kv_sources=None):
+    """A cache is one KVCache (or LatentCache) per layer, all at the same position; returns that position (0
+    without one). An empty list is filled with one empty KVCache per layer. kv_sources: the layer whose keys
+    each layer uses (KV sharing); only the caches of the layers that make keys are read."""
     if cache is None:
         return 0
     if isinstance(cache, list) and not cache:
         cache.extend(KVCache() for _ in range(n_layers))
+    makers = range(n_layers) if kv_sources is None else sorted(set(kv_sources))
     if not isinstance(cache, (list, tuple)) or len(cache) != n_layers or \
-            not all(isinstance(c, KVCache) for c in cache):
+            not all(is_cache(cache[i]) for i in makers):
         raise TypeError(f"cache must be a list of {n_layers} mha.torch.KVCache (model.new_cache()), "
                         f"got {type(cache).__name__}")
-    positions = {c.position for c in cache}
+    positions = {cache[i].position for i in makers}
     if len(positions) != 1:
         raise ValueError(f"the layers' caches are at different positions {sorted(positions)}: use one "
                          f"model.new_cache() per sequence")
@@ -346,11 +455,18 @@ def check_attention_mask(attention_mask, tokens, start):
     return attention_mask.bool()
 
 
-def layer_mask(keep, cache, head_mask, i):
-    """The mask of layer i: the keys it holds that are real tokens, (B, 1, 1, T_k), and its heads."""
+def is_cache(c):
+    """A layer's cache: a KVCache, or another attention's cache with the same interface (LatentCache)."""
+    return isinstance(c, KVCache) or all(hasattr(c, name) for name in ("append", "position", "dropped", "nbytes"))
+
+
+def layer_mask(keep, cache, head_mask, i, first=None):
+    """The mask of layer i: the keys it holds that are real tokens, (B, 1, 1, T_k), and its heads. first: the
+    first position held (default: the positions the cache dropped)."""
     mask = None
     if keep is not None:
-        first = 0 if cache is None else cache.dropped  # a window's cache no longer holds the oldest keys
+        if first is None:
+            first = 0 if cache is None else cache.dropped  # a window's cache no longer holds the oldest keys
         mask = keep[:, None, None, first:]  # (B, 1, 1, T_k)
     if head_mask is not None:
         heads = head_mask[i][:, None, None]  # (h, 1, 1): False = head off

@@ -3,12 +3,13 @@
 Read and computed: q, k, v and o projections (with Qwen's biases); QK-norm per head (Qwen3,
 Gemma 3) or over all heads (OLMo 2); the scores' scale (Gemma's query_pre_attn_scalar);
 attention-logit soft-capping (Gemma 2); the layer's sliding window (Mistral, Qwen's
-use_sliding_window, Gemma's sliding layers); the layer's RoPE: its base and scaling (linear,
+use_sliding_window, Gemma's sliding layers, OLMo 3's and gpt-oss's per-layer windows); gpt-oss's attention
+sinks; Qwen3-Next's output gate; the layer's RoPE: its base and scaling (linear,
 dynamic NTK, YaRN, Llama 3), one per layer type where they differ (Gemma 3); the gated MLP's
 activation; and the whole model's sizes, norms, tied embeddings and final soft-cap (`lm_arguments`).
 
 Refused with a `ValueError` naming the feature, the config's `model_type` and the layer's class:
-anything else that changes the answer (OLMo 1's clip_qkv, GPT-OSS's sinks, GLM's partial
+anything else that changes the answer (OLMo 1's clip_qkv, GLM's partial
 rotary factor, a RoPE type we do not compute, an RMSNorm of a kind we do not know, an activation
 other than SiLU or GELU's tanh form, the config fields of `REFUSED_FIELDS`, an lm_head with a bias).
 Gemma 3's config keeps attn_logit_softcapping, which its attention never applies: the copy applies
@@ -26,8 +27,9 @@ from mha import rope_scaling
 from mha.torch.hf import families, weights
 
 # RMSNorm classes by their formula: x / rms(x) * w (cast before the weight), or Gemma's * (1 + w) in float32.
-PLAIN_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Olmo2RMSNorm", "RMSNorm"}
-UNIT_OFFSET_NORMS = {"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm"}
+PLAIN_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Olmo2RMSNorm", "RMSNorm",
+               "Olmo3RMSNorm", "GptOssRMSNorm", "Qwen3MoeRMSNorm", "DeepseekV3RMSNorm", "DeepseekV32RMSNorm"}
+UNIT_OFFSET_NORMS = {"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm", "Qwen3NextRMSNorm"}
 # Hugging Face's names for the two gates (transformers.activations.ACT2FN); any other is refused.
 HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 # Config fields that would change the answer, and the value that does not: anything else is refused.
@@ -42,6 +44,8 @@ REFUSED_FIELDS = {
 # the field, but Gemma3Attention passes no softcap to its attention function, so the copy applies none either.
 IGNORED_SOFT_CAP = {"Gemma3Attention"}
 IGNORED_SOFT_CAP_TYPES = {"gemma3", "gemma3_text"}
+# Attention layers whose q_proj makes, per head, a query and an output gate ([query | gate], 2 * head_dim).
+OUTPUT_GATED = {"Qwen3NextAttention"}
 # Dropout fields of the families' configs: the copy computes without dropout, so train() is refused where one is set.
 DROPOUT_FIELDS = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout")
 
@@ -107,7 +111,7 @@ def is_per_layer_type(rope):
 
 def layer_type(attention):
     """'sliding_attention' or 'full_attention' where the layer says (Qwen, Gemma), else None."""
-    kind = getattr(attention, "layer_type", None)
+    kind = getattr(attention, "layer_type", None) or getattr(attention, "attention_type", None)  # OLMo 3: attention_type
     if kind is None and getattr(attention, "is_sliding", None) is not None:
         kind = "sliding_attention" if attention.is_sliding else "full_attention"
     return kind
@@ -159,8 +163,6 @@ def refused_features(attention):
     clip = getattr(config, "clip_qkv", None)
     if clip is not None:
         found.append(f"clip_qkv={clip} (queries, keys and values clamped to [-{clip}, {clip}])")
-    if getattr(attention, "sinks", None) is not None:
-        found.append("sinks (a learned logit per head in the softmax's denominator)")
     return found
 
 
@@ -181,6 +183,10 @@ def attention_options(attention, rope_base):
     config = getattr(attention, "config", None)
     options = {"sliding_window": sliding_window(attention), "scale": scale_of(attention, config),
                "logit_cap": logit_cap_of(attention, config)}
+    if getattr(attention, "sinks", None) is not None:  # gpt-oss: a learned logit per head in the denominator
+        options["sinks"] = True
+    if has_output_gate(attention):  # Qwen3-Next: q_proj makes a query and a gate a head
+        options["output_gate"] = True
     q_norm = getattr(attention, "q_norm", None)
     if q_norm is not None:
         norm = rms_norm_options(q_norm, attention)
@@ -213,13 +219,20 @@ def scale_of(attention, config):
     return None if scaling is None or scaling == attention.head_dim ** -0.5 else float(scaling)
 
 
+def has_output_gate(attention):
+    """Whether the layer gates its heads' outputs with sigmoid(a gate made by q_proj beside each query), as
+    Qwen3-Next's attention does (`OUTPUT_GATED`): its q_proj then has 2 * n_heads * head_dim outputs."""
+    return type(attention).__name__ in OUTPUT_GATED
+
+
 def attention_arguments(attention, rope_base):
     """Every keyword argument of `GroupedQueryAttention` but d_model (the input width, q_proj.in_features):
     the sizes (n_heads, n_kv_heads, d_head, bias), rope_base and the features of `attention_options`.
     A TypeError for a layer without q_proj ... o_proj; a ValueError for what nothing here computes."""
     q_proj, k_proj, v_proj, o_proj = weights.attention_projections(attention)
     d_head = attention.head_dim
-    return dict(n_heads=q_proj.out_features // d_head, n_kv_heads=k_proj.out_features // d_head, d_head=d_head,
+    per_head = d_head * (2 if has_output_gate(attention) else 1)  # Qwen3-Next: [query | gate] a head
+    return dict(n_heads=q_proj.out_features // per_head, n_kv_heads=k_proj.out_features // d_head, d_head=d_head,
                 bias=any(layer.bias is not None for layer in (q_proj, k_proj, v_proj, o_proj)), rope_base=rope_base,
                 **attention_options(attention, rope_base))
 
@@ -276,16 +289,53 @@ def gpt2_scale(config, layer_idx):
 
 
 def decoder_arguments(model, kind):
-    """LMConfig's arguments for the Llama-like families: RMSNorm, a gated MLP, and each layer's attention
-    read as `GroupedQueryAttention.from_llama` reads it (its RoPE base from the config, per layer)."""
+    """LMConfig's arguments for the Llama-like families: RMSNorm, a gated MLP or a mixture of experts per layer
+    (`feed_forward_arguments`), and each layer's attention read as `GroupedQueryAttention.from_llama` reads it
+    (its RoPE base from the config, per layer), or as `mha.torch.hf.latent` reads DeepSeek's."""
     config, body = model.config, model.model
     layers = body.layers
-    per_layer = [attention_arguments(layer.self_attn, layer_rope(layer.self_attn)[0]) for layer in layers]
-    shared = {key: per_layer[0][key] for key in ("n_heads", "n_kv_heads", "d_head")}
     norm = rms_norm_options(body.norm, model)
     return dict(d_model=config.hidden_size, n_layers=config.num_hidden_layers,
-                d_ff=layers[0].mlp.gate_proj.out_features, attention=shared,
-                layer_attention=tuple({key: value for key, value in arguments.items() if key not in shared}
-                                      for arguments in per_layer),
-                norm_eps=norm["eps"], norm_unit_offset=norm["unit_offset"], feed_forward=hf_activation(layers[0].mlp),
+                **layer_attention_arguments(layers, families.attention_type(kind)), **feed_forward_arguments(layers),
+                norm_eps=norm["eps"], norm_unit_offset=norm["unit_offset"],
                 embedding_scale=config.hidden_size ** 0.5 if families.FAMILIES[kind]["scaled_embeddings"] else None)
+
+
+def layer_attention_arguments(layers, attention_type):
+    """attention_type, attention (the arguments every layer shares) and layer_attention (each layer's others)."""
+    if attention_type == "latent":
+        from mha.torch.hf import latent  # imported here: it reads this module
+        per_layer = [latent.latent_arguments(layer.self_attn) for layer in layers]
+        shared = {key: value for key, value in per_layer[0].items()
+                  if all(arguments[key] == value for arguments in per_layer)}
+    else:
+        per_layer = [attention_arguments(layer.self_attn, layer_rope(layer.self_attn)[0]) for layer in layers]
+        shared = {key: per_layer[0][key] for key in ("n_heads", "n_kv_heads", "d_head")}
+    layer_attention = tuple({key: value for key, value in arguments.items() if key not in shared}
+                            for arguments in per_layer)
+    return dict(attention_type=attention_type, attention=shared,
+                layer_attention=layer_attention)
+
+
+def feed_forward_arguments(layers):
+    """d_ff and feed_forward of the dense layers' gated MLPs; experts and expert_layers where some layers' MLP
+    is a mixture of experts (DeepSeek's first layers are dense, Qwen3-MoE's mlp_only_layers too). Every
+    mixture must have the same arguments."""
+    dense = [i for i, layer in enumerate(layers) if families.is_dense(layer.mlp)]
+    mixtures = [i for i in range(len(layers)) if i not in dense]
+    arguments = {}
+    if mixtures:
+        from mha.torch.hf import experts  # imported here: it reads this module
+        per_layer = [experts.experts_arguments(layers[i].mlp) for i in mixtures]
+        if any(options != per_layer[0] for options in per_layer):
+            refuse(layers[mixtures[0]].mlp, ["mixtures of experts that differ from layer to layer"])
+        arguments.update(experts=per_layer[0], expert_layers=None if not dense else tuple(mixtures))
+    if dense:
+        mlp = layers[dense[0]].mlp
+        widths = {layers[i].mlp.gate_proj.out_features for i in dense}
+        if len(widths) > 1:
+            refuse(mlp, [f"dense MLPs of different widths {sorted(widths)}"])
+        arguments.update(d_ff=widths.pop(), feed_forward=hf_activation(mlp))
+    else:  # every layer is a mixture: d_ff is unused, the expert's width stands in
+        arguments.update(d_ff=arguments["experts"]["d_expert"])
+    return arguments

@@ -6,8 +6,10 @@ Adding a family: a row here, then whatever its layers hold that `configuration` 
 and each refusal beside its kind), then a test against transformers in tests/test_lm.py.
 """
 
-# model_type -> where its norms sit, its feed-forward, whether it scales the embeddings (Gemma: sqrt(d)).
-# feed_forward: GPT-2's two layers with tanh GELU; the others' gated MLP takes the activation its config names.
+# model_type -> where its norms sit, its feed-forward, whether it scales the embeddings (Gemma: sqrt(d)),
+# and its attention where it is not grouped-query attention ("latent": DeepSeek's MultiHeadLatentAttention).
+# feed_forward: GPT-2's two layers with tanh GELU; the others' gated MLP takes the activation its config names;
+# a layer whose MLP is a mixture of experts (read by `mha.torch.hf.experts`) becomes a MixtureOfExperts.
 FAMILIES = {
     "gpt2": dict(norm_placement="pre", feed_forward="mlp_gelu_tanh", scaled_embeddings=False),
     "llama": dict(norm_placement="pre", scaled_embeddings=False),
@@ -18,6 +20,11 @@ FAMILIES = {
     "gemma2": dict(norm_placement="sandwich", scaled_embeddings=True),
     "gemma3_text": dict(norm_placement="sandwich", scaled_embeddings=True),
     "olmo2": dict(norm_placement="post", scaled_embeddings=False),
+    "olmo3": dict(norm_placement="post", scaled_embeddings=False),  # OLMo 2's, with sliding layers
+    "gpt_oss": dict(norm_placement="pre", scaled_embeddings=False),  # sinks, sliding layers, experts
+    "qwen3_moe": dict(norm_placement="pre", scaled_embeddings=False),  # Qwen3's attention, experts
+    "deepseek_v3": dict(norm_placement="pre", scaled_embeddings=False, attention="latent"),  # MLA, experts
+    "deepseek_v32": dict(norm_placement="pre", scaled_embeddings=False, attention="latent"),  # + lightning indexer
 }
 
 # Where each placement keeps a decoder layer's norms in transformers: (attention in, attention out,
@@ -45,3 +52,13 @@ def norm_names(kind):
     """Pairs (our LMBlock's norm, transformers' name for it) of a family's decoder layers, where both exist."""
     theirs = NORM_NAMES[FAMILIES[kind]["norm_placement"]]
     return [(ours, their_name) for ours, their_name in zip(OUR_NORMS, theirs) if their_name is not None]
+
+
+def attention_type(kind):
+    """ "grouped" (GroupedQueryAttention) or "latent" (MultiHeadLatentAttention): the attention of a family."""
+    return FAMILIES[kind].get("attention", "grouped")
+
+
+def is_dense(mlp):
+    """Whether a decoder layer's MLP is a gated MLP (gate_proj, up_proj, down_proj), not a mixture of experts."""
+    return hasattr(mlp, "gate_proj") and not hasattr(mlp, "experts")

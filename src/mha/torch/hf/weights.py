@@ -54,6 +54,8 @@ def copy_attention(ours, attention):
     if ours.qk_norm is not None:
         ours.q_norm.weight.copy_(attention.q_norm.weight)
         ours.k_norm.weight.copy_(attention.k_norm.weight)
+    if ours.sinks is not None:
+        ours.sinks.copy_(attention.sinks)  # gpt-oss: (h,), one logit per head
 
 
 @torch.no_grad()
@@ -90,9 +92,18 @@ def copy_gpt2_block(block, theirs):
 
 @torch.no_grad()
 def copy_decoder_layer(block, theirs, kind):
-    """A Llama-like decoder layer (self_attn, mlp, its family's norms) into an LMBlock."""
-    copy_attention(block.attention, theirs.self_attn)
-    copy_gated_feed_forward(block.feed_forward, theirs.mlp)
+    """A Llama-like decoder layer (self_attn, mlp, its family's norms) into an LMBlock: DeepSeek's latent
+    attention through `mha.torch.hf.latent`, a mixture of experts through `mha.torch.hf.experts`."""
+    if families.attention_type(kind) == "latent":
+        from mha.torch.hf import latent  # imported here: it reads configuration, which reads this module
+        latent.copy_latent_attention(block.attention, theirs.self_attn)
+    else:
+        copy_attention(block.attention, theirs.self_attn)
+    if families.is_dense(theirs.mlp):
+        copy_gated_feed_forward(block.feed_forward, theirs.mlp)
+    else:
+        from mha.torch.hf import experts
+        experts.copy_experts(block.feed_forward, theirs.mlp)
     for ours_name, their_name in families.norm_names(kind):
         copy_norm(getattr(block, ours_name), getattr(theirs, their_name))
 

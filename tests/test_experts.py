@@ -230,6 +230,12 @@ def test_the_router_chooses_as_transformers_does(family):
     torch.testing.assert_close(weights.reshape(-1, 3).gather(-1, order), their_weights.gather(-1, their_order),
                                rtol=1e-6, atol=1e-7)
     assert torch.equal(ours.last_routing[1], experts) and len(set(experts.flatten().tolist())) >= 5
+    assert hf_experts.is_experts_block(block)
+    with torch.no_grad():
+        scores = ours.scores(x)  # every expert's score: the chosen ones carry the weights (before normalising)
+    if ours.options["scoring"] == "sigmoid":
+        chosen = scores.gather(-1, experts)
+        torch.testing.assert_close(weights, 2.5 * chosen / chosen.sum(-1, keepdim=True))
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_next", "gpt_oss"])
@@ -295,8 +301,10 @@ def test_the_gradient_is_the_derivative():
 
 
 def test_refusals_name_the_block_and_the_feature():
+    dense = LlamaMLP(LlamaConfig(hidden_size=D, intermediate_size=8, num_attention_heads=2))
+    assert not hf_experts.is_experts_block(dense)
     with pytest.raises(ValueError, match="cannot copy a mixture of experts from LlamaMLP"):
-        hf_experts.experts_arguments(LlamaMLP(LlamaConfig(hidden_size=D, intermediate_size=8, num_attention_heads=2)))
+        hf_experts.experts_arguments(dense)
     gelu = DeepseekV3MoE(DeepseekV3Config(**{**DEEPSEEK, "hidden_act": "gelu"}))
     with pytest.raises(ValueError, match="activation 'gelu' of DeepseekV3MoE"):
         hf_experts.experts_arguments(gelu)

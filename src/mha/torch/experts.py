@@ -194,7 +194,8 @@ class MixtureOfExperts(nn.Module):
     ("swiglu") or gpt-oss's "clamped_swiglu" (with swiglu_limit and swiglu_alpha), with biases when
     expert_bias. n_shared > 0 adds one gated feed-forward of width d_shared (default n_shared * d_expert)
     that every token passes through, behind sigmoid(x W_shared_gate) when shared_gate (Qwen3-Next).
-    `route(x)` gives the choices; the last forward's are kept in `last_routing`.
+    `route(x)` gives the choices (`scores(x)`, every expert's score); the last forward's choices are
+    kept in `last_routing`.
     """
 
     def __init__(self, d_model, *, n_experts, top_k, d_expert, scoring="softmax", normalize=True, routed_scale=1.0,
@@ -235,6 +236,14 @@ class MixtureOfExperts(nn.Module):
         self.shared = GatedFeedForward(d_model, d_shared, **options) if n_shared else None
         self.shared_gate = nn.Linear(d_model, 1, bias=False, **options) if shared_gate else None
         self.last_routing = None
+
+    def scores(self, x):
+        """Every expert's score for each token, before the choice: softmax or sigmoid of the router's
+        logits (without the correction bias), (..., T, d_model) -> (..., T, n_experts), in float32 for
+        half-precision inputs. For a picture of what the router sees."""
+        check_input(self, "x", x, self.router.in_features, weight=self.router.weight)
+        logits = self.router(x)  # (..., T, n_experts)
+        return expert_scores(logits.float() if logits.dtype in HALF else logits, self.options["scoring"])
 
     def route(self, x):
         """weights (..., T, top_k), as the experts' outputs are multiplied (routed_scale included), and

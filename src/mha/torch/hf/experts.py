@@ -27,6 +27,11 @@ KNOWN = DEEPSEEK + QWEN + GPT_OSS
 SILU = ("silu", "swish")
 
 
+def is_experts_block(mlp):
+    """Whether `mlp` is one of the mixture-of-experts blocks read here (a decoder layer's dense MLP is not)."""
+    return type(mlp).__name__ in KNOWN
+
+
 def kind_of(mlp):
     """The block's class name, or a ValueError naming the blocks that are read."""
     kind = type(mlp).__name__

@@ -184,7 +184,11 @@ def test_decode_flops_count_the_two_forms():
     h, r = 128, 512
     assert counts["expanded"] == 4096 * (r * h * 256 + h * 192 + h * 128)
     assert counts["absorbed"] == h * 128 * r + 4096 * h * (2 * r + 64) + h * r * 128
+    assert counts["full_cache"] == 4096 * h * (128 + 64 + 128)
     assert counts["expanded"] > 100 * counts["absorbed"]
+    one, two = (mnp.latent_decode_flops(T, **deepseek_v3) for T in (1, 2))  # the cost of one more cached token
+    assert {form: two[form] - one[form] for form in one} == {"expanded": 16_818_176, "absorbed": 139_264,
+                                                             "full_cache": 40_960}
 
 
 def test_arguments_refuse_what_is_not_computed():

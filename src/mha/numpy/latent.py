@@ -98,19 +98,25 @@ def latent_cache_bytes(n_layers, kv_lora_rank, qk_rope_head_dim, T, *, batch=1, 
 
 
 def latent_decode_flops(T, n_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim):
-    """{"expanded": ..., "absorbed": ...}: the multiply-adds of one decoding step's attention in one
-    layer, one new token over T cached ones (the new token's own projections, the same in both, left
-    out). Expanded: every cached latent up-projected into h keys and values, T r h (d_nope + d_v), then
-    the scores T h (d_nope + d_rope) and the outputs T h d_v. Absorbed: W_uk folded into the query,
-    h d_nope r; the scores against the latents, T h (r + d_rope); the latents summed, T h r; W_uv once,
-    h r d_v. Per cached token: r h (d_nope + d_v) + h (d_nope + d_rope + d_v) against h (2 r + d_rope)."""
+    """The multiply-adds of one decoding step's attention in one layer, one new token over T cached ones
+    (the new token's own projections, the same in every form, left out), as a dict:
+    - "expanded": every cached latent up-projected into h keys and values, T r h (d_nope + d_v), then the
+      scores T h (d_nope + d_rope) and the outputs T h d_v;
+    - "absorbed": W_uk folded into the query, h d_nope r; the scores against the latents, T h (r + d_rope);
+      the latents summed, T h r; W_uv applied once, h r d_v;
+    - "full_cache": a cache of every head's keys and values (multi-head attention's), nothing to expand:
+      T h (d_nope + d_rope + d_v).
+    Per cached token the absorbed form does h (2 r + d_rope) against the expanded form's
+    r h (d_nope + d_v) + h (d_nope + d_rope + d_v): DeepSeek-V3's sizes, 139,264 against 16,818,176. It
+    does more than "full_cache" (40,960) but reads r + d_rope numbers per token instead of 2 h d_head."""
     T = validate.check_int("T", T, minimum=0)
     h, r, d_nope, d_rope, d_v = (validate.check_int(name, value) for name, value in (
         ("n_heads", n_heads), ("kv_lora_rank", kv_lora_rank), ("qk_nope_head_dim", qk_nope_head_dim),
         ("qk_rope_head_dim", qk_rope_head_dim), ("v_head_dim", v_head_dim)))
     expanded = T * r * h * (d_nope + d_v) + T * h * (d_nope + d_rope) + T * h * d_v
     absorbed = h * d_nope * r + T * h * (r + d_rope) + T * h * r + h * r * d_v
-    return {"expanded": expanded, "absorbed": absorbed}
+    full_cache = T * h * (d_nope + d_rope) + T * h * d_v  # every head's keys and values cached: nothing to expand
+    return {"expanded": expanded, "absorbed": absorbed, "full_cache": full_cache}
 
 
 def latent_scale(qk_head_dim, rope_scaling=None):

@@ -62,6 +62,9 @@ class Case:
     # The exception that the text requires on this case (say ValueError for an unknown name): the
     # learner's function must raise it (or a subclass); an answer, or another error, is wrong.
     raises: type | None = None
+    # What a call that takes more than `peak_bytes` built, for the message (chunked attention: the scores; the
+    # absorbed latent decode: every head's keys).
+    too_much: str = "never build the whole T_q x T_k array of scores"
 
     def arguments(self):
         """Copies of (args, kwargs), so that no function can change the case for the next."""
@@ -321,7 +324,7 @@ def problem_with(check, case, got, args, kwargs, peak=None):
         return None
     if case.peak_bytes is not None and peak is not None and peak > case.peak_bytes:
         return (f"the call took {peak / 2**20:.1f} MiB at its peak, more than the {case.peak_bytes / 2**20:.1f} "
-                f"MiB allowed: never build the whole T_q x T_k array of scores")
+                f"MiB allowed: {case.too_much}")
     expected = expected_answer(check.name, case)  # only now: no answer waits in a frame the learner could read
     return compare_result(expected, got, check.returns, check.float32_promised)
 

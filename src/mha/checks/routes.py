@@ -19,16 +19,18 @@ worker has neither torch nor those modules, so none is forbidden here. A pure-Py
 
 # A softmax of values the caller chooses: the log-softmax gives it, the losses give one of its logarithms per
 # call, and merge_partials merges one-hot "outputs" with lse = the values, one merge per value (the online
-# softmax).
+# softmax). Chapter 17's: sink_softmax with a sink far below the values is their softmax; route_tokens (and
+# route_tokens_in_groups with one group) with top_k = every expert returns the softmax, sorted, with the order;
+# mixture_of_experts with experts that answer constants (zero matrices, biases) adds up those weights.
 SOFTMAX_FAMILY = ("softmax", "masked_softmax", "masked_softmax_", "log_softmax", "cross_entropy", "causal_lm_loss",
-                  "merge_partials")
+                  "merge_partials", "sink_softmax", "route_tokens", "route_tokens_in_groups", "mixture_of_experts")
 
 # Attention with queries, keys and values (or projections) the caller chooses: the weights, or the output with
 # identity values, are a softmax of any scores; attention_partial also returns the log-sum-exp.
 ATTENTION = ("self_attention", "symmetric_attention", "scaled_dot_product_attention", "head_attention",
              "multihead_attention_loop", "multihead_attention", "chunked_attention", "attend_with_cache",
              "grouped_query_attention", "tensor_parallel_attention", "ulysses_attention", "attention_partial",
-             "ring_attention")
+             "ring_attention", "absorbed_latent_decode", "expanded_latent_decode")
 
 BLOCK_ROUTES = ("encoder_block", "encoder", "decoder_block", "decoder")  # they return multihead_attention's weights
 MODELS = ("decoder_only_transformer", "transformer_lm")  # blocks, norms and feed-forwards, weights on request
@@ -151,8 +153,9 @@ KV_CACHE_BYTES_FORBIDS = ()  # no other function of mha counts the bytes of a ca
 NORM_ROUTES = ("layer_norm", "rms_norm_per_head", "grouped_query_attention", "transformer_lm",
                "decoder_only_transformer")
 # gated_feed_forward(..., activation="silu") is swiglu itself, and mnp.silu is the gate's activation that the
-# exercise asks for; transformer_lm's blocks add one to the residual stream.
-GATED_ROUTES = ("gated_feed_forward", "silu", "transformer_lm")
+# exercise asks for; transformer_lm's blocks add one to the residual stream. Chapter 17's expert_feed_forward is
+# SwiGLU, and mixture_of_experts with one expert (top_k = 1, normalised: weight 1) is that expert.
+GATED_ROUTES = ("gated_feed_forward", "silu", "transformer_lm", "expert_feed_forward", "mixture_of_experts")
 # The attention functions cap their scores (logit_cap), and their weights give the capped scores back: with
 # keys 1 and 0, the log-ratio of the two weights is soft_cap(x); transformer_lm caps its logits (final_logit_cap).
 CAP_ROUTES = ("scaled_dot_product_attention", "grouped_query_attention", "transformer_lm")
@@ -208,3 +211,21 @@ RANK_PARTIAL_FORBIDS = ("tensor_parallel_attention",)
 # The gguf package's own dequantization (gguf.quants) is outside mha: the exercise's rule (mha.checks.rules) refuses
 # it in the learner's code, and the grader's worker goes without gguf (tools/grading/sandbox.py, ALWAYS_HIDDEN).
 DEQUANTIZE_Q4_1_FORBIDS = ()
+
+# Chapter 17 -----------------------------------------------------------------------------------------------
+
+# The expanded decode gives the absorbed one's answer (equal to float64 rounding): the exercise is the absorbed
+# form. The text permits mnp.softmax and the attention functions of earlier chapters (softmax, scores against the
+# latents, the weighted sum are theirs); what it asks for is the folding of W_uk into the query and of W_uv into
+# the output, which no other function of mha does. Forming the keys is refused by the memory case instead.
+ABSORBED_FORBIDS = ("expanded_latent_decode",)
+# The sink softmax is a softmax: the text permits nothing from mha (routes_but: its own name is always refused).
+SINK_SOFTMAX_FORBIDS = routes_but(SOFTMAX_ROUTES, "sink_softmax")
+# top_k_filter (filter_logits) keeps each row's k largest (and its ties); route_tokens (route_tokens_in_groups with
+# one group, mixture_of_experts through it) picks each row's top_k best, ties to the lower index: the exercise's
+# choice, once masked scores are -inf.
+TOP_K_KEYS_FORBIDS = ("top_k_filter", "filter_logits", "route_tokens", "route_tokens_in_groups", "mixture_of_experts")
+# route_tokens_in_groups with n_groups = top_groups = 1 is route_tokens, and mixture_of_experts routes through it;
+# select_top_k_keys chooses each row's top_k, ties to the lower index: the choice, which is the exercise's core. The
+# text permits mnp.softmax.
+ROUTER_FORBIDS = ("route_tokens_in_groups", "mixture_of_experts", "select_top_k_keys")

@@ -1,0 +1,389 @@
+"""The checks of chapter 17's exercises (mha.checks.ch17): absorbed_latent_decode, sink_softmax, select_top_k_keys and
+route_tokens. Their references give the formulas' answers (the expanded decode, gpt-oss's concatenated softmax,
+solutions written from scratch) on every case they draw; the named traps are there; every wrong solution that a
+learner writes fails on its named case, on every seed, with the hint that fits; every catalogued mistake fails with
+its own hint; the expanded keys are refused by the memory case; the library's routes are refused, in the notebook
+and in the student edition; right solutions from scratch pass there; and the exercises' texts agree with the checks."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from learners import SEEDS, exercise_texts, hint_of, student_edition
+from solutions_ch17 import CHAPTER_17, FROM_SCRATCH, all_cases, failures_on_every_seed, labelled, run
+
+import mha.numpy as mnp
+from mha.checks import ch17
+from mha.checks.registry import CHECKS, DTYPE_HINT, expected_answer
+
+ROOT = Path(__file__).resolve().parents[1]
+ABSORBED, SINKS, TOP_K, ROUTER = CHAPTER_17
+
+
+def scratch(name):
+    """The right solutions from scratch of check `name` (the first bears the exercise's name)."""
+    return [f for f in FROM_SCRATCH if f.__name__.startswith(name)]
+
+
+# The references give the formulas' answers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CHAPTER_17)
+def test_the_reference_agrees_with_solutions_from_scratch_on_every_case(name):
+    """Each from-scratch solution (no code of the library) gives the reference's answer on the named and random cases
+    of ten seeds, within 1e-12 in float64 and 1e-5 in float32; the choices (booleans, experts) exactly."""
+    for case in all_cases(name):
+        if case.raises:
+            continue
+        expected = expected_answer(name, case)
+        for solution in scratch(name):
+            got = case.call(solution)
+            for e, g in zip(*(x if isinstance(x, tuple) else (x,) for x in (expected, got))):
+                assert e.dtype == g.dtype and e.shape == g.shape, (case.label, solution.__name__)
+                if e.dtype.kind in "bi":
+                    assert np.array_equal(e, g), (case.label, solution.__name__)
+                else:
+                    tol = 1e-5 if e.dtype == np.float32 else 1e-12
+                    np.testing.assert_allclose(g, e, rtol=tol, atol=tol, err_msg=f"{case.label} {solution.__name__}")
+
+
+def test_the_absorbed_reference_equals_the_expanded_decode_in_float64():
+    for case in all_cases(ABSORBED, SEEDS[:3]):
+        if case.args[0].dtype == np.float64 and case.peak_bytes is None:
+            out, weights = expected_answer(ABSORBED, case)
+            out_e, weights_e = case.call(mnp.expanded_latent_decode)
+            np.testing.assert_allclose(out, out_e, rtol=1e-12, atol=1e-12, err_msg=case.label)
+            np.testing.assert_allclose(weights, weights_e, rtol=1e-12, atol=1e-12, err_msg=case.label)
+
+
+def test_the_sink_reference_equals_gpt_oss_s_eager_attention():
+    """transformers' gpt_oss eager attention: the sinks concatenated as a column of the scores, a softmax, the column
+    dropped. Its weights, with queries and keys that give our scores, are the reference's (float64)."""
+    torch = pytest.importorskip("torch")
+    from transformers.models.gpt_oss import modeling_gpt_oss
+
+    class Module(torch.nn.Module):
+        def __init__(self, sinks):
+            super().__init__()
+            self.sinks, self.num_key_value_groups, self.training = torch.nn.Parameter(sinks), 1, False
+    for case in all_cases(SINKS, SEEDS[:3]):
+        scores, sinks = case.args
+        if scores.dtype != np.float64:
+            continue
+        T_k = scores.shape[-1]
+        queries = torch.from_numpy(scores.reshape(-1, *scores.shape[-3:]))  # (B, h, T_q, T_k): q . e_k = the scores
+        keys = torch.eye(T_k, dtype=torch.float64).expand(queries.shape[0], scores.shape[-3], T_k, T_k)
+        mask = torch.zeros(queries.shape[0], 1, scores.shape[-2], T_k, dtype=torch.float64)
+        _, weights = modeling_gpt_oss.eager_attention_forward(
+            Module(torch.from_numpy(sinks)), queries.nan_to_num(neginf=0.0), keys, keys, torch.where(
+                torch.from_numpy(np.isneginf(scores).reshape(queries.shape)), -torch.inf, mask), scaling=1.0)
+        expected = expected_answer(SINKS, case)
+        finite = np.isfinite(scores).any(axis=-1)  # transformers' rows with every key masked are NaN (ours 0)
+        theirs = weights.detach().numpy().reshape(scores.shape)
+        np.testing.assert_allclose(expected[finite], theirs[finite], rtol=1e-12, atol=1e-14, err_msg=case.label)
+
+
+# The traps are in the named cases ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_first_cases_hold_their_traps_on_every_seed(seed):
+    q_nope, q_rope, latents, rotary_keys, W_uk, W_uv, scale = CHECKS[ABSORBED].named_cases(seed)[0].args
+    assert W_uk.shape[-2:] == (latents.shape[-1], q_nope.shape[-1]) and W_uk.shape[1] == W_uk.shape[2] == W_uv.shape[2]
+    assert 1.3 <= scale * (q_nope.shape[-1] + q_rope.shape[-1]) ** 0.5 <= 1.9
+    scores, sinks = CHECKS[SINKS].named_cases(seed)[0].args
+    assert scores.shape[-3] == scores.shape[-2] == len(sinks) != scores.shape[-1] and len(set(sinks)) == len(sinks)
+    assert (sinks > 0).any() and (sinks < 0).any()
+    tied, k = CHECKS[TOP_K].named_cases(seed)[0].args
+    kth = -np.sort(-tied, axis=-1)[:, k - 1:k]
+    assert k == 2 and ((tied == kth).sum(axis=-1) >= 2).all() and ((tied > kth).sum(axis=-1) < k).all()
+    logits, top_k = CHECKS[ROUTER].named_cases(seed)[0].args
+    order = np.argsort(-logits, axis=-1)[..., :top_k]
+    assert (np.diff(order, axis=-1) < 0).any(), "some token's best expert has a higher index than its second"
+
+
+def test_the_other_named_cases_hold_their_traps():
+    long = labelled(ABSORBED, "a long cache")
+    _, _, latents, _, W_uk, _, _ = long.args
+    assert 8 * latents.shape[-2] * W_uk.shape[-1] > 2 * long.peak_bytes > 8 * 4 * latents.size
+    (_, q_rope, _, rotary_keys, _, _, scale) = labelled(ABSORBED, "scores of 1050").args
+    assert (scale * (q_rope @ np.swapaxes(rotary_keys, -1, -2)) > 1000).all()
+    scores, sinks = labelled(SINKS, "a causal mask").args
+    assert np.isneginf(scores).all(axis=-1).sum() == 1 and np.isneginf(scores).any(axis=-1).sum() > 1
+    scores, k = labelled(TOP_K, "a causal mask").args
+    assert (labelled(TOP_K, "a causal mask").kwargs["mask"].sum(axis=-1) < k).sum() == 2
+    case = labelled(TOP_K, "blocking the highest scores")
+    assert (np.where(case.kwargs["mask"], -np.inf, case.args[0]).max(axis=-1) >
+            np.where(case.kwargs["mask"], case.args[0], -np.inf).max(axis=-1)).all()
+    case = labelled(ROUTER, "a bias that changes the choice")
+    logits, bias = case.args[0], case.kwargs["bias"]
+    scores = 1 / (1 + np.exp(-logits))
+    by = {how: np.argsort(-values, axis=-1, kind="stable")[..., :2]
+          for how, values in (("right", scores + bias), ("ignored", scores), ("logits", logits + bias))}
+    assert not np.array_equal(by["right"], by["ignored"]) and not np.array_equal(by["right"], by["logits"])
+    assert not np.array_equal(by["logits"], by["ignored"])
+
+
+# Wrong solutions a learner writes: their named case, their hint ------------------------------------------------------
+
+
+def softmax(s, axis=-1):
+    e = np.exp(s - s.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def decode_written(*, fold=None, scale_of=None, rope=True, axis=-1, shift=True, W_out=True, weights_out=True):
+    """An absorbed decode as a learner writes it, with one step changed."""
+    def solution(q_nope, q_rope, latents, rotary_keys, W_uk, W_uv, scale):
+        q_latent = fold(q_nope, W_uk) if fold else np.einsum("...hn,hrn->...hr", q_nope, W_uk)
+        s = q_latent @ np.swapaxes(latents, -1, -2) + (q_rope @ np.swapaxes(rotary_keys, -1, -2) if rope else 0)
+        s = s * (scale if scale_of is None else scale_of(q_nope, q_rope, scale))
+        e = np.exp(s - s.max(axis=axis, keepdims=True) if shift else s)
+        w = e / e.sum(axis=axis, keepdims=True)
+        mixed = w @ latents
+        return (np.einsum("...hr,hrv->...hv", mixed, W_uv) if W_out else mixed), (w if weights_out else s)
+    return solution
+
+
+def expanded_keys(q_nope, q_rope, latents, rotary_keys, W_uk, W_uv, scale):
+    keys = np.einsum("...tr,hrn->...htn", latents, W_uk)  # (..., h, T, d_nope)
+    s = scale * (np.einsum("...hn,...htn->...ht", q_nope, keys) + q_rope @ np.swapaxes(rotary_keys, -1, -2))
+    return np.einsum("...ht,...tr,hrv->...hv", softmax(s), latents, W_uv), softmax(s)
+
+
+def sink_written(*, sink_of=lambda sinks: sinks[:, None, None], with_sink=True, shift="both", exp_sink="shifted"):
+    def solution(scores, sinks):
+        sink = sink_of(sinks)
+        m = {"both": np.maximum(scores.max(-1, keepdims=True), sink), "scores": scores.max(-1, keepdims=True),
+             "none": 0.0}[shift]
+        e = np.exp(scores - m)
+        extra = {"shifted": np.exp(sink - m), "raw": np.exp(sink)}[exp_sink] if with_sink else 0.0
+        return e / (extra + e.sum(-1, keepdims=True))
+    return solution
+
+
+def concatenated(keep):
+    def solution(scores, sinks):
+        both = np.concatenate([scores, np.broadcast_to(sinks[:, None, None], scores.shape[:-1] + (1,))], axis=-1)
+        return softmax(both)[keep]
+    return solution
+
+
+def top_k_written(*, order_of, fill=-np.inf, and_mask=True, flip=False):
+    def solution(scores, k, mask=None):
+        allowed = np.ones(scores.shape, bool) if mask is None else np.broadcast_to(~mask if flip else mask, scores.shape)
+        picked = np.zeros(scores.shape, dtype=bool)
+        np.put_along_axis(picked, order_of(np.where(allowed, scores, fill))[..., :k], True, axis=-1)
+        return picked & allowed if and_mask else picked
+    return solution
+
+
+def top_k_at_least_kth(scores, k, mask=None):
+    s = scores if mask is None else np.where(mask, scores, -np.inf)
+    kth = np.sort(s, axis=-1)[..., ::-1][..., min(k, s.shape[-1]) - 1, None]
+    return (s >= kth) & np.isfinite(s)
+
+
+def by_the_default_sort(fn):
+    fn.default_sort = True
+    return fn
+
+
+def top_k_indices(scores, k, mask=None):
+    return np.argsort(-(scores if mask is None else np.where(mask, scores, -np.inf)), axis=-1, kind="stable")[..., :k]
+
+
+def router_written(*, score=None, choose=None, weigh=None, order=None, always_normalise=False, by_index=False):
+    def solution(logits, top_k, *, scoring="softmax", normalize=False, bias=None):
+        scores = (score or (softmax if scoring == "softmax" else lambda x: 1 / (1 + np.exp(-x))))(logits)
+        b = 0.0 if bias is None else bias
+        choice = choose(scores, logits, b) if choose else scores + b
+        experts = (order or (lambda c: np.argsort(-c, axis=-1, kind="stable")[..., :top_k]))(choice)
+        experts = np.sort(experts[..., :top_k], axis=-1) if by_index else experts[..., :top_k]
+        weights = np.take_along_axis(weigh(scores, b) if weigh else scores, experts, axis=-1)
+        if normalize or always_normalise:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        return weights, experts
+    return solution
+
+
+FIRST_A, FIRST_S, FIRST_K, FIRST_R = (CHECKS[n].named_cases(0)[0].label for n in CHAPTER_17)
+BIAS = "sigmoid scores and a bias"
+# (check, wrong solution, words of the hint it must get, the fixed named case it fails on)
+TRAPPED = [
+    (ABSORBED, decode_written(fold=lambda q, W: np.einsum("...hr,hrn->...hn", q, W)), "not its r axis", FIRST_A),
+    (ABSORBED, decode_written(scale_of=lambda q, qr, scale: 1.0), "multiply both parts", FIRST_A),
+    (ABSORBED, decode_written(scale_of=lambda q, qr, scale: 1 / np.sqrt(q.shape[-1] + qr.shape[-1])),
+     "do not compute your own", FIRST_A),
+    (ABSORBED, decode_written(rope=False), "add the rotary part", FIRST_A),
+    (ABSORBED, decode_written(axis=-2), "not over the heads", FIRST_A),
+    (ABSORBED, decode_written(shift=False), "subtract each row's maximum", "scores of 1050"),
+    (ABSORBED, decode_written(W_out=False), "finish with W_uv", FIRST_A),
+    (ABSORBED, decode_written(weights_out=False), "not the scores", FIRST_A),
+    (ABSORBED, decode_written(scale_of=lambda q, qr, scale: np.float64(scale)), DTYPE_HINT, "float32 inputs"),
+    (SINKS, sink_written(with_sink=False), "add exp(sink - m)", FIRST_S),
+    (SINKS, sink_written(sink_of=lambda sinks: sinks[:, None]), "one logit per HEAD", FIRST_S),
+    (SINKS, sink_written(exp_sink="raw"), "not exp(sink)", FIRST_S),
+    (SINKS, sink_written(shift="scores"), "AND the sink", "a causal mask"),
+    (SINKS, sink_written(shift="none"), "subtract the row's maximum", "scores of about 1000"),
+    (SINKS, concatenated((Ellipsis, slice(1, None))), "slicing off the first", FIRST_S),
+    (SINKS, concatenated(Ellipsis), "drop the sink's column", FIRST_S),
+    (TOP_K, top_k_written(order_of=lambda s: np.argsort(s, axis=-1)[..., ::-1]), "EARLIER key wins", FIRST_K),
+    (TOP_K, by_the_default_sort(top_k_written(order_of=lambda s: np.argsort(-s, axis=-1))), "kind='stable'",
+     FIRST_K),
+    (TOP_K, top_k_at_least_kth, "exactly k keys", FIRST_K),
+    (TOP_K, top_k_written(order_of=lambda s: np.argsort(s, axis=-1), fill=np.inf), "k HIGHEST", FIRST_K),
+    (TOP_K, top_k_written(order_of=lambda s: np.argsort(-s, axis=-1, kind="stable"), and_mask=False),
+     "fewer than k keys", "a causal mask"),
+    (TOP_K, top_k_written(order_of=lambda s: np.argsort(-s, axis=-1, kind="stable"), flip=True), "True means",
+     "a causal mask"),
+    (TOP_K, top_k_indices, "not the indices", FIRST_K),
+    (ROUTER, router_written(weigh=lambda scores, b: scores + b), "WITHOUT the bias", BIAS),
+    (ROUTER, router_written(choose=lambda scores, logits, b: scores), "by scores + bias", BIAS),
+    (ROUTER, router_written(choose=lambda scores, logits, b: logits + b), "not to the logits", BIAS),
+    (ROUTER, router_written(always_normalise=True), "only when normalize=True", FIRST_R),
+    (ROUTER, router_written(score=lambda x: 1 / (1 + np.exp(-x))), "not a sigmoid per expert", FIRST_R),
+    (ROUTER, router_written(order=lambda c: np.argsort(c, axis=-1)[..., ::-1]), "kind='stable'",
+     "whole-number logits"),
+    (ROUTER, by_the_default_sort(router_written(order=lambda c: np.argsort(-c, axis=-1))), "kind='stable'",
+     "whole-number logits"),
+    (ROUTER, router_written(by_index=True), "not by their index", FIRST_R),
+]
+
+
+def default_sort_is_unstable_here():
+    """Whether NumPy's default argsort (introsort, vectorised on x86) orders the named cases' ties otherwise than a
+    stable sort on this machine: where it does not, a solution that relies on it is right here."""
+    rows = (CHECKS[TOP_K].named_cases(0)[0].args[0], CHECKS[ROUTER].named_cases(0)[4].args[0])
+    return all(not np.array_equal(np.argsort(-x, axis=-1)[..., :3], np.argsort(-x, axis=-1, kind="stable")[..., :3])
+               for x in rows)
+
+
+@pytest.mark.parametrize("name,fn,hint,case", TRAPPED, ids=[f"{i}-{t[0]}" for i, t in enumerate(TRAPPED)])
+def test_a_trap_fails_on_its_named_case_on_every_seed_with_its_hint(name, fn, hint, case):
+    if getattr(fn, "default_sort", False) and not default_sort_is_unstable_here():
+        pytest.skip("NumPy's default sort keeps the ties' order on this machine: the solution is right here")
+    messages = failures_on_every_seed(name, fn)
+    assert hint in hint_of(messages[0]), messages[0]
+    for message in messages:
+        assert f"on the case '{case}" in message, message
+
+
+def test_the_expanded_keys_fail_the_memory_case_with_its_words_and_no_hint():
+    for message in failures_on_every_seed(ABSORBED, expanded_keys, seeds=SEEDS[:3]):
+        assert "on the case 'a long cache" in message and "never form the keys" in message, message
+        assert not hint_of(message), message
+
+
+def test_an_unknown_scoring_must_raise():
+    def anything_else_is_a_softmax(logits, top_k, *, scoring="softmax", normalize=False, bias=None):
+        scoring = "sigmoid" if scoring == "sigmoid" else "softmax"
+        return router_written()(logits, top_k, scoring=scoring, normalize=normalize, bias=bias)
+    for message in failures_on_every_seed(ROUTER, anything_else_is_a_softmax, seeds=SEEDS[:2]):
+        assert "where it must raise ValueError" in message, message
+
+
+@pytest.mark.parametrize("name", CHAPTER_17)
+def test_the_catalogue_is_large_and_every_mistake_fails_with_its_own_hint_on_every_seed(name):
+    from learners import unguarded
+    mistakes = CHECKS[name].mistakes
+    assert len(mistakes) >= 8
+    hints = [m.hint for m in mistakes]
+    assert all(len(h.split()) >= 8 for h in hints) and len(set(hints)) == len(hints)
+    for m in mistakes:
+        if m.fn.__name__ in UNSTABLE[:2] and not default_sort_is_unstable_here():
+            continue  # the default sort is the stable one's here: that mistake answers right
+        for message in failures_on_every_seed(name, unguarded(m.fn), seeds=SEEDS[:4]):
+            # The default sort's order of equal scores may be the reversed one's: both hints say kind='stable'.
+            hints = TIE_HINTS[name] if m.fn.__name__ in UNSTABLE else (m.hint,)
+            assert hint_of(message) in hints, (m.fn.__name__, message)
+
+
+UNSTABLE = ("top_k_keys_unstable", "router_unstable_sort", "top_k_keys_later_ties", "router_later_ties_first")
+TIE_HINTS = {name: tuple(m.hint for m in CHECKS[name].mistakes if m.fn.__name__ in UNSTABLE) for name in (TOP_K, ROUTER)}
+
+
+# Routes: the library's functions ------------------------------------------------------------------------------------
+
+
+ROUTES = [
+    (ABSORBED, lambda *args: mnp.absorbed_latent_decode(*args), "calls mha's own absorbed_latent_decode"),
+    (ABSORBED, lambda *args: mnp.expanded_latent_decode(*args), "calls mha's own expanded_latent_decode"),
+    (SINKS, lambda scores, sinks: mnp.sink_softmax(scores, sinks), "calls mha's own sink_softmax"),
+    (SINKS, lambda scores, sinks: mnp.softmax(np.concatenate(
+        [scores, np.broadcast_to(sinks[:, None, None], scores.shape[:-1] + (1,))], -1))[..., :-1],
+     "calls mha's own softmax"),
+    (TOP_K, lambda scores, k, mask=None: mnp.select_top_k_keys(scores, k, mask), "calls mha's own select_top_k_keys"),
+    (TOP_K, lambda scores, k, mask=None: mnp.route_tokens(np.where(mask, scores, -1e30) if mask is not None
+                                                          else scores, min(k, scores.shape[-1])),
+     "calls mha's own route_tokens"),
+    (ROUTER, lambda logits, top_k, **kw: mnp.route_tokens(logits, top_k, **kw), "calls mha's own route_tokens"),
+    (ROUTER, lambda logits, top_k, **kw: mnp.route_tokens_in_groups(logits, top_k, n_groups=1, top_groups=1, **kw),
+     "calls mha's own route_tokens_in_groups"),
+]
+
+
+@pytest.mark.parametrize("name,route,words", ROUTES, ids=[f"{i}-{r[0]}" for i, r in enumerate(ROUTES)])
+def test_the_library_s_routes_are_refused(name, route, words):
+    for message in failures_on_every_seed(name, route, seeds=SEEDS[:2]):
+        assert words in message, message
+
+
+@pytest.mark.parametrize("name", CHAPTER_17)
+def test_the_torch_twin_is_refused(name):
+    torch = pytest.importorskip("torch")
+    import mha.torch as mt
+
+    def with_torch(*args, **kwargs):
+        as_tensors = [torch.from_numpy(np.asarray(a)) if isinstance(a, np.ndarray) else a for a in args]
+        return getattr(mt, name)(*as_tensors, **kwargs)
+    for message in failures_on_every_seed(name, with_torch, seeds=SEEDS[:1]):
+        assert f"calls mha's own {name}" in message, message
+
+
+@pytest.mark.parametrize("fn", FROM_SCRATCH, ids=[f.__name__ for f in FROM_SCRATCH])
+def test_a_solution_from_scratch_passes_on_every_seed_and_in_the_student_edition(fn, monkeypatch):
+    name = next(n for n in CHAPTER_17 if fn.__name__.startswith(n))
+    count = len(CHECKS[name].named_cases(0))
+    for seed in SEEDS[:3]:
+        assert run(name, fn, seed) == f"check_{name}: all {count} cases passed."
+    with student_edition(name, monkeypatch):
+        for seed in SEEDS[3:5]:
+            assert run(name, fn, seed).startswith(f"check_{name}: all "), seed
+
+
+def test_the_checks_settings():
+    for name in CHAPTER_17:
+        check = CHECKS[name]
+        assert check.float32_promised != (name == TOP_K) and check.packages == () and not check.fresh
+        assert check.make_cases.__module__ == "mha.checks.ch17" and getattr(ch17, f"check_{name}").__name__ == \
+            f"check_{name}"
+    assert CHECKS[ABSORBED].returns == ("out", "weights") and CHECKS[ROUTER].returns == ("weights", "experts")
+    assert CHECKS[ABSORBED].absent() == ("absorbed_latent_decode", "expanded_latent_decode")
+    assert {"softmax", "route_tokens", "scaled_dot_product_attention"} <= set(CHECKS[SINKS].absent())
+    assert {"top_k_filter", "route_tokens"} <= set(CHECKS[TOP_K].absent())
+    assert {"select_top_k_keys", "route_tokens_in_groups"} <= set(CHECKS[ROUTER].absent())
+    assert "softmax" not in CHECKS[ROUTER].absent() and "softmax" not in CHECKS[ABSORBED].absent()
+
+
+# The exercises' texts, once chapter 17 is written -------------------------------------------------------------------
+
+
+TEXTS = exercise_texts(17)
+WORDS = {
+    ABSORBED: ("W_uk", "W_uv", "scale", "(..., h, d_v)", "(..., h, T)", "expanded_latent_decode"),
+    SINKS: ("sinks", "(h,)", "-inf", "0", "nothing from"),
+    TOP_K: ("earlier", "mask", "fewer than", "top_k_filter"),
+    ROUTER: ("sigmoid", "bias", "normalize", "lower index", "int64", "ValueError"),
+}
+
+
+@pytest.mark.skipif(not TEXTS, reason="chapter 17 is not written yet: its exercises' texts cannot be read")
+@pytest.mark.parametrize("name", CHAPTER_17)
+def test_the_exercise_s_text_agrees_with_the_check(name):
+    text = " ".join(TEXTS[name].split())
+    for words in WORDS[name]:
+        assert words in text, words
+    assert re.search(rf"def {name}\(", text) or f"`{name}`" in text

@@ -124,16 +124,19 @@ def test_cache_holds_exactly_the_latents_and_the_rotary_keys():
         compressed = attention.kv_a_proj_with_mqa(x)
         latents = attention.kv_a_layernorm(compressed[..., :R])
     assert isinstance(cache, mt.LatentCache) and len(cache) == cache.position == 5 and cache.dropped == 0
-    assert cache.latents.shape == (3, 5, R) and cache.rotary_keys.shape == (3, 5, D_ROPE) and cache.indexer_keys is None
+    assert cache.latents.shape == (3, 5, R) and cache.rotary_keys.shape == (3, 5, D_ROPE)
+    assert cache.indexer_keys is None
     torch.testing.assert_close(cache.latents, latents, rtol=0, atol=1e-6)  # their norm computes in float32
-    assert cache.nbytes == mt.latent_cache_bytes(1, R, D_ROPE, 5, batch=3, bytes_per_value=8) == 3 * 5 * (R + D_ROPE) * 8
+    assert cache.nbytes == mt.latent_cache_bytes(1, R, D_ROPE, 5, batch=3, bytes_per_value=8)
+    assert cache.nbytes == 3 * 5 * (R + D_ROPE) * 8  # float64: 8 bytes a value
     assert mt.latent_cache_bytes(61, 512, 64, 8192) == mnp.latent_cache_bytes(61, 512, 64, 8192) == 61 * 576 * 8192 * 2
     # against multi-head attention's cache of the same heads: 2 h (d_nope + d_rope) per token, not r + d_rope
     assert mt.kv_cache_bytes(1, H, D_NOPE + D_ROPE, 5, batch=3, bytes_per_value=8) > cache.nbytes
 
 
 def random_decode_inputs(rng, batch=(2,), h=H, T=7, dtype=np.float64):
-    shapes = [(*batch, h, D_NOPE), (*batch, h, D_ROPE), (*batch, T, R), (*batch, T, D_ROPE), (h, R, D_NOPE), (h, R, D_V)]
+    shapes = [(*batch, h, D_NOPE), (*batch, h, D_ROPE), (*batch, T, R), (*batch, T, D_ROPE),  # queries, the cache
+              (h, R, D_NOPE), (h, R, D_V)]  # W_uk, W_uv
     return [rng.normal(size=shape).astype(dtype) for shape in shapes]
 
 

@@ -51,7 +51,8 @@ def test_select_top_k_keys_ties_go_to_the_earlier_key_and_bad_input_is_named():
 
 def test_lightning_indexer_scores_are_the_formula_in_both_faces():
     rng = np.random.default_rng(0)
-    q, keys, w = rng.normal(size=(2, N_INDEX, 5, D_INDEX)), rng.normal(size=(2, 6, D_INDEX)), rng.normal(size=(2, 5, N_INDEX))
+    q, keys = rng.normal(size=(2, N_INDEX, 5, D_INDEX)), rng.normal(size=(2, 6, D_INDEX))
+    w = rng.normal(size=(2, 5, N_INDEX))
     scores = mnp.lightning_indexer_scores(q, keys, w, 0.5)
     expected = np.zeros((2, 5, 6))
     for b, t, s, j in np.ndindex(2, 5, 6, N_INDEX):
@@ -157,7 +158,8 @@ def test_decoding_with_the_indexer_equals_their_prompt_and_caches_its_keys(absor
     expected = their_forward(attention, rotary, x)
     cache = ours.new_cache()
     with torch.no_grad():
-        got = torch.cat([ours(x[:, :3], cache=cache)[0], *(ours(x[:, t:t + 1], cache=cache)[0] for t in range(3, 9))], 1)
+        prompt = ours(x[:, :3], cache=cache)[0]
+        got = torch.cat([prompt, *(ours(x[:, t:t + 1], cache=cache)[0] for t in range(3, 9))], dim=1)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * expected.abs().max().item())
     assert cache.indexer_keys.shape == (2, 9, D_INDEX)
     assert cache.nbytes == mt.latent_cache_bytes(1, R, D_ROPE, 9, batch=2, bytes_per_value=8, indexer_head_dim=D_INDEX)

@@ -25,7 +25,7 @@ from mha.torch.attention import masked_softmax, merge_heads, split_heads
 from mha.torch.grouped import causal_mask_after, grouped_attention
 from mha.torch.parts import RMSNorm
 from mha.torch.rotary import RotaryTables
-from mha.torch.sparse import LightningIndexer, select_top_k_keys
+from mha.torch.sparse import LightningIndexer
 from mha.torch.tensors import check_input, check_is_tensor, check_mask_tensor
 
 

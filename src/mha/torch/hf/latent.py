@@ -84,8 +84,8 @@ def latent_pairs(ours, attention):
         (ours.W_dq, attention.q_a_proj, "q_a_proj"), (ours.q_norm, attention.q_a_layernorm, "q_a_layernorm"),
         (ours.W_uq, attention.q_b_proj, "q_b_proj")]
     pairs += [(ours.W_dkv, attention.kv_a_proj_with_mqa, "kv_a_proj_with_mqa"),
-              (ours.kv_norm, attention.kv_a_layernorm, "kv_a_layernorm"), (ours.W_ukv, attention.kv_b_proj, "kv_b_proj"),
-              (ours.W_o, attention.o_proj, "o_proj")]
+              (ours.kv_norm, attention.kv_a_layernorm, "kv_a_layernorm"),
+              (ours.W_ukv, attention.kv_b_proj, "kv_b_proj"), (ours.W_o, attention.o_proj, "o_proj")]
     if ours.indexer is not None:
         theirs = attention.indexer
         pairs += [(ours.indexer.W_q, theirs.wq_b, "indexer.wq_b"), (ours.indexer.W_k, theirs.wk, "indexer.wk"),

@@ -212,6 +212,10 @@ def test_each_family_block_is_computed_in_float32(family):
         theirs, mine = their_output(block, x), ours(x)
     assert mine.dtype == torch.float32
     assert (mine - theirs).abs().max() <= 1e-5 * theirs.abs().max()
+    with torch.no_grad():  # one token at a time, as in decoding (its own path)
+        one = torch.stack([torch.cat([ours(x[b:b + 1, t:t + 1]) for t in range(x.shape[1])], dim=1)[0]
+                           for b in range(x.shape[0])])
+    assert (one - theirs).abs().max() <= 1e-5 * theirs.abs().max()
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -279,6 +279,8 @@ class MixtureOfExperts(nn.Module):
         weights, experts = weights.reshape(-1, top_k), experts.reshape(-1, top_k)  # (N, top_k)
         if x.device.type == "meta":  # no values to route by: every expert sees every token, for the shapes
             out = sum(self.expert(e, tokens) * weights[:, :1] for e in range(self.options["n_experts"]))
+        elif tokens.shape[0] == 1:  # one token (a decoding step): its top_k experts, one after the other
+            out = sum(weights[:, i, None] * self.expert(e, tokens) for i, e in enumerate(experts[0].tolist()))
         else:
             out = torch.zeros_like(tokens)  # (N, d_model)
             for e in experts.unique().tolist():

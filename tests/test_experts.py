@@ -100,6 +100,8 @@ def test_ties_go_to_the_lower_index_and_the_order_is_the_choice():
     assert mnp.route_tokens([1.0, 3.0, 3.0, 0.0], 2)[1].tolist() == [1, 2]
     assert mnp.route_tokens([0.0, 0.0, 0.0, 0.0], 3)[1].tolist() == [0, 1, 2]
     assert mt.route_tokens(torch.zeros(4), 3)[1].tolist() == [0, 1, 2]
+    assert mt.route_tokens(torch.tensor([1.0, 3.0, 3.0, 0.0, 3.0]), 3)[1].tolist() == [1, 2, 4]
+    assert mnp.route_tokens([1.0, 3.0, 3.0, 0.0, 3.0], 3)[1].tolist() == [1, 2, 4]
     assert mnp.route_tokens([0.0, 5.0, 1.0, 3.0], 3)[1].tolist() == [1, 3, 2]
 
 

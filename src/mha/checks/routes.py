@@ -214,18 +214,17 @@ DEQUANTIZE_Q4_1_FORBIDS = ()
 
 # Chapter 17 -----------------------------------------------------------------------------------------------
 
-# The expanded decode gives the absorbed one's answer (equal to float64 rounding): the exercise is the absorbed
-# form. The text permits mnp.softmax and the attention functions of earlier chapters (softmax, scores against the
-# latents, the weighted sum are theirs); what it asks for is the folding of W_uk into the query and of W_uv into
-# the output, which no other function of mha does. Forming the keys is refused by the memory case instead.
-ABSORBED_FORBIDS = ("expanded_latent_decode",)
+# The expanded decode gives the absorbed one's answer (equal to float64 rounding), and any attention or softmax of
+# mha does the step's scores and weighted sum: the text permits nothing from mha (the folding of W_uk into the query
+# and of W_uv into the output is the exercise; forming the keys is refused by the memory case).
+ABSORBED_FORBIDS = routes_but(SOFTMAX_ROUTES, "absorbed_latent_decode")
 # The sink softmax is a softmax: the text permits nothing from mha (routes_but: its own name is always refused).
 SINK_SOFTMAX_FORBIDS = routes_but(SOFTMAX_ROUTES, "sink_softmax")
 # top_k_filter (filter_logits) keeps each row's k largest (and its ties); route_tokens (route_tokens_in_groups with
 # one group, mixture_of_experts through it) picks each row's top_k best, ties to the lower index: the exercise's
-# choice, once masked scores are -inf.
+# choice, once masked scores are -inf. The text names them.
 TOP_K_KEYS_FORBIDS = ("top_k_filter", "filter_logits", "route_tokens", "route_tokens_in_groups", "mixture_of_experts")
-# route_tokens_in_groups with n_groups = top_groups = 1 is route_tokens, and mixture_of_experts routes through it;
-# select_top_k_keys chooses each row's top_k, ties to the lower index: the choice, which is the exercise's core. The
-# text permits mnp.softmax.
-ROUTER_FORBIDS = ("route_tokens_in_groups", "mixture_of_experts", "select_top_k_keys")
+# route_tokens_in_groups with n_groups = top_groups = 1 is route_tokens, and mixture_of_experts routes through it (both
+# in SOFTMAX_ROUTES); select_top_k_keys chooses each row's top_k, ties to the lower index, the exercise's core; any
+# softmax of mha gives the scores: the text permits nothing from mha.
+ROUTER_FORBIDS = joined(routes_but(SOFTMAX_ROUTES, "route_tokens"), ("select_top_k_keys",))

@@ -1,0 +1,352 @@
+"""`mha.torch.from_transformers` on the families of chapter 17 (attention that remembers less): OLMo 3 (sliding
+layers), gpt-oss (attention sinks, alternating windows, clamped SwiGLU experts), Qwen3-MoE (experts, dense
+mlp_only_layers), DeepSeek-V3 (multi-head latent attention, group-limited experts with the correction bias,
+shared experts, dense first layers) and DeepSeek-V3.2 (the same with the lightning indexer's top-k keys);
+the sink softmax in both faces; Qwen3-Next's output gate; and what is refused, by name.
+
+Tiny random configurations, nothing downloaded, held out from development (other sizes and seeds than the
+ones the code was written against); weights drawn from N(0, 0.3), DeepSeek's e_score_correction_bias given
+values, gpt-oss's swiglu_limit lowered so that its clamp bites; windows smaller than the prompt, top-k below
+its length, several experts active per token. Logits must equal transformers' (eager attention and experts) in
+float32 to 1e-5 x the largest logit at every real token of a left-padded batch, and in float64 (unpadded:
+transformers' float64 gives NaN at left padding) to 1e-6 (its RoPE tables are float32); greedy tokens must equal generate()'s, with and
+without the cache; decoding with the cache must equal the whole sequence, and the cache hold what the
+paper says (DeepSeek: the latents and the shared rotary keys; a window: window - 1 positions)."""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import mha.numpy as mnp
+import mha.torch as mt
+
+V, T = 48, 13
+COMMON = dict(vocab_size=V, bos_token_id=1, eos_token_id=2, pad_token_id=0, experts_implementation="eager")
+DEEPSEEK = dict(hidden_size=40, num_attention_heads=5, num_key_value_heads=5, intermediate_size=56,
+                moe_intermediate_size=12, num_hidden_layers=3, kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=4,
+                v_head_dim=7, n_routed_experts=6, num_experts_per_tok=3, n_group=3, topk_group=2, n_shared_experts=1,
+                first_k_dense_replace=1, routed_scaling_factor=1.7, **COMMON)
+YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=4, beta_fast=32.0,
+            beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)
+CONFIGS = {
+    "olmo3, windows 3 and 5 < T": lambda: transformers.Olmo3Config(
+        hidden_size=40, num_attention_heads=5, num_key_value_heads=5, intermediate_size=56, num_hidden_layers=3,
+        sliding_window=3, layer_types=["sliding_attention", "sliding_attention", "full_attention"], **COMMON),
+    "olmo3, grouped heads, window 5": lambda: transformers.Olmo3Config(
+        hidden_size=48, num_attention_heads=6, num_key_value_heads=2, intermediate_size=40, num_hidden_layers=4,
+        sliding_window=5, **COMMON),
+    "gpt_oss, window 3, clamp 0.8": lambda: transformers.GptOssConfig(
+        hidden_size=40, num_attention_heads=6, num_key_value_heads=2, head_dim=6, intermediate_size=10,
+        num_hidden_layers=3, sliding_window=3, num_local_experts=5, num_experts_per_tok=2, swiglu_limit=0.8,
+        **COMMON),
+    "gpt_oss, default YaRN, window 5, 3 of 8 experts": lambda: transformers.GptOssConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=1, head_dim=10, intermediate_size=12,
+        num_hidden_layers=2, sliding_window=5, num_local_experts=8, num_experts_per_tok=3, swiglu_limit=1.5,
+        **COMMON),
+    "qwen3_moe, a dense layer, normalised top-k": lambda: transformers.Qwen3MoeConfig(
+        hidden_size=40, num_attention_heads=4, num_key_value_heads=2, head_dim=10, intermediate_size=36,
+        moe_intermediate_size=14, num_hidden_layers=3, num_experts=7, num_experts_per_tok=3, mlp_only_layers=[0],
+        norm_topk_prob=True, **COMMON),
+    "qwen3_moe, window 4, top-k not normalised": lambda: transformers.Qwen3MoeConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=4, head_dim=8, intermediate_size=24,
+        moe_intermediate_size=10, num_hidden_layers=2, num_experts=5, num_experts_per_tok=2, norm_topk_prob=False,
+        use_sliding_window=True, sliding_window=4, **COMMON),
+    "deepseek_v3, q_lora_rank, interleaved": lambda: transformers.DeepseekV3Config(q_lora_rank=14, **DEEPSEEK),
+    "deepseek_v3, no q_lora_rank, halves, YaRN": lambda: transformers.DeepseekV3Config(
+        q_lora_rank=None, rope_interleave=False, rope_parameters=YARN, max_position_embeddings=16, **DEEPSEEK),
+    "deepseek_v32, top-k 5 < T": lambda: transformers.DeepseekV32Config(
+        q_lora_rank=14, index_n_heads=8, index_head_dim=8, index_topk=5, **DEEPSEEK),
+    "deepseek_v32, top-k 3, YaRN": lambda: transformers.DeepseekV32Config(
+        q_lora_rank=12, index_n_heads=8, index_head_dim=12, index_topk=3, rope_parameters=YARN,
+        max_position_embeddings=16, **{**DEEPSEEK, "num_hidden_layers": 2}),
+}
+
+
+def hf_model(name, seed=1, dtype=torch.float32):
+    config = CONFIGS[name]()
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3)
+        for buffer_name, buffer in model.named_buffers():
+            if buffer_name.endswith("e_score_correction_bias"):  # a buffer: zero unless given values
+                buffer.normal_(0.0, 0.5)
+    return model.to(dtype).eval()
+
+
+def padded_batch(seed=0, B=2, pads=4):
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(3, V, (B, T), generator=generator)
+    mask = torch.ones_like(tokens)
+    mask[0, :pads] = 0
+    tokens[0, :pads] = 0  # the pad token
+    return tokens, mask
+
+
+def relative_gap(got, expected, where):
+    return ((got - expected)[where].abs().max() / expected[where].abs().max()).item()
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_logits_equal_transformers_at_every_real_token_of_a_padded_batch(name):
+    model = hf_model(name)
+    ours = mt.from_transformers(model)
+    tokens, mask = padded_batch()
+    with torch.no_grad():
+        expected, got = model(tokens, attention_mask=mask).logits, ours(tokens, mask)
+    real = mask.bool()
+    assert expected[real].abs().max() > 1.0
+    assert relative_gap(got, expected, real) <= 1e-5
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_logits_equal_transformers_in_float64(name):
+    """1e-7 apart, not 1e-15: transformers computes RoPE's cos and sin in float32 even for a float64 model (its
+    rotary embedding casts the frequencies and positions to float32, then the tables to the model's dtype)."""
+    model = hf_model(name, dtype=torch.float64)
+    ours = mt.from_transformers(model)
+    tokens, _ = padded_batch(seed=4, pads=0)  # seed 3 ties two keys at 0 (ReLU's) in V3.2's 5th indexer place
+    with torch.no_grad():
+        expected, got = model(tokens).logits, ours(tokens)
+    assert got.dtype == torch.float64
+    assert relative_gap(got, expected, torch.ones_like(tokens, dtype=torch.bool)) <= 1e-6
+
+
+def margins(scores):
+    top2 = torch.stack(scores).topk(2, dim=-1).values  # (steps, B, 2)
+    return top2[..., 0] - top2[..., 1]
+
+
+def greedy_without_cache(ours, tokens, mask, n_new, eos_token_id=2, pad_token_id=0):
+    """Greedy decoding that runs the whole sequence at every step (no cache), positions from the mask, a finished
+    sequence continued with padding: what generate(use_cache=False) does."""
+    done = torch.zeros(len(tokens), dtype=torch.bool)
+    for _ in range(n_new):
+        with torch.no_grad():
+            logits = ours(tokens, mask, position_ids=mt.positions_from_mask(mask))[:, -1]  # (B, V)
+        new = logits.argmax(-1, keepdim=True).masked_fill(done[:, None], pad_token_id)  # (B, 1)
+        tokens, mask = torch.cat([tokens, new], -1), torch.cat([mask, torch.ones_like(new)], -1)
+        done = done | (new[:, 0] == eos_token_id)
+        if bool(done.all()):
+            break
+    return tokens
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_greedy_tokens_equal_generates_with_and_without_the_cache(name):
+    """8 new tokens past every window, left padding, on prompts whose top-1 margins exceed 1e-3."""
+    model = hf_model(name)
+    ours = mt.from_transformers(model)
+    compared = 0
+    for seed in range(8):
+        if compared == 2:
+            break
+        tokens, mask = padded_batch(seed)
+        options = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        with torch.no_grad():
+            theirs = model.generate(tokens, output_scores=True, return_dict_in_generate=True, **options)
+        if margins(theirs.scores).min() <= 1e-3:
+            continue
+        assert torch.equal(ours.generate(tokens, 8, attention_mask=mask, eos_token_id=2, pad_token_id=0),
+                           theirs.sequences)
+        with torch.no_grad():
+            uncached = model.generate(tokens, use_cache=False, **options)
+        assert torch.equal(greedy_without_cache(ours, tokens, mask, 8), uncached)
+        compared += 1
+    assert compared == 2
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if not n.startswith("qwen3_moe, a")])
+def test_decoding_with_the_cache_equals_the_whole_sequence_and_holds_what_it_should(name):
+    """Prefill 5 tokens, then one at a time (DeepSeek: the absorbed step): every step's logits equal the whole
+    sequence's. DeepSeek's cache holds the latents and shared rotary keys, its bytes the formula; a window's
+    holds window - 1 positions."""
+    model = hf_model(name)
+    ours = mt.from_transformers(model)
+    tokens, mask = padded_batch()
+    cache = ours.new_cache()
+    with torch.no_grad():
+        steps = [ours(tokens[:, :5], mask[:, :5], cache=cache)]
+        steps += [ours(tokens[:, t:t + 1], mask[:, :t + 1], cache=cache) for t in range(5, T)]
+        whole = ours(tokens, mask)
+    real = mask.bool()
+    assert relative_gap(torch.cat(steps, dim=1), whole, real) <= 1e-5
+    config = model.config
+    if config.model_type.startswith("deepseek"):
+        assert all(isinstance(c, mt.LatentCache) for c in cache)
+        expected = mt.latent_cache_bytes(config.num_hidden_layers, config.kv_lora_rank, config.qk_rope_head_dim, T,
+                                         batch=2, bytes_per_value=4)
+        if config.model_type == "deepseek_v32":  # and the indexer's keys, one per position of width index_head_dim
+            expected += config.num_hidden_layers * 2 * T * config.index_head_dim * 4
+        assert mt.cache_bytes(cache) == expected
+        return
+    held = [len(c) for c in cache]
+    windows = [block.attention.sliding_window for block in ours.blocks]
+    assert held == [T if w is None else w - 1 for w in windows] and any(w is not None for w in windows)
+    h_kv, d = ours.blocks[0].attention.n_kv_heads, ours.blocks[0].attention.d_head
+    assert mt.cache_bytes(cache) == sum(2 * 2 * h_kv * n * d * 4 for n in held)
+
+
+def test_the_copies_have_the_features_that_make_them_differ():
+    """Each feature the copies compute is there (so that equality above tests it): sinks in gpt-oss, windows in
+    OLMo 3, experts where transformers has them, dense layers where it has those, the latent attention and the
+    indexer in DeepSeek."""
+    gpt_oss = mt.from_transformers(hf_model("gpt_oss, window 3, clamp 0.8"))
+    assert [b.attention.sliding_window for b in gpt_oss.blocks] == [3, None, 3]
+    assert all(b.attention.sinks is not None and b.attention.sinks.abs().max() > 0 for b in gpt_oss.blocks)
+    assert all(isinstance(b.feed_forward, mt.MixtureOfExperts) for b in gpt_oss.blocks)
+    qwen = mt.from_transformers(hf_model("qwen3_moe, a dense layer, normalised top-k"))
+    assert [type(b.feed_forward).__name__ for b in qwen.blocks] == ["GatedFeedForward"] + ["MixtureOfExperts"] * 2
+    assert qwen.config.expert_layers == (1, 2)
+    v32 = mt.from_transformers(hf_model("deepseek_v32, top-k 5 < T"))
+    assert all(isinstance(b.attention, mt.MultiHeadLatentAttention) and b.attention.indexer is not None
+               for b in v32.blocks)
+    assert type(v32.blocks[0].feed_forward).__name__ == "GatedFeedForward"
+
+
+@pytest.mark.parametrize("name,feature", [
+    ("gpt_oss, window 3, clamp 0.8", "sinks"), ("olmo3, windows 3 and 5 < T", "sliding_window"),
+    ("gpt_oss, window 3, clamp 0.8", "sliding_window")])
+def test_each_attention_feature_matters_at_this_scale(name, feature):
+    """Switch sinks or windows off in the copy: the logits move far more than the tolerance."""
+    model = hf_model(name)
+    ours = mt.from_transformers(model)
+    tokens, mask = padded_batch()
+    with torch.no_grad():
+        before = ours(tokens, mask)
+        for block in ours.blocks:
+            setattr(block.attention, feature, None)
+        after = ours(tokens, mask)
+    assert relative_gap(after, before, mask.bool()) > 1e-3
+
+
+# The sink softmax, in both faces ----------------------------------------------------------------------------
+
+
+def sink_case(seed=0, shape=(2, 3, 4, 6)):
+    rng = np.random.default_rng(seed)
+    scores = rng.normal(size=shape) * 3
+    mask = rng.random(shape) < 0.7
+    mask[0, 1, 2] = False  # a fully masked row
+    return np.where(mask, scores, -np.inf), rng.normal(size=shape[-3]) * 2, mask
+
+
+def test_sink_softmax_is_the_softmax_with_one_more_entry_dropped():
+    scores, sinks, mask = sink_case()
+    weights = mnp.sink_softmax(scores, sinks)
+    extended = np.concatenate([scores, np.broadcast_to(sinks[:, None, None], (*scores.shape[:-1], 1))], -1)
+    expected = np.exp(extended) / np.exp(extended).sum(-1, keepdims=True)  # no max subtracted: small scores
+    np.testing.assert_allclose(weights, expected[..., :-1], rtol=1e-12, atol=1e-15)
+    assert np.all(weights[~mask] == 0) and np.all(weights[0, 1, 2] == 0)  # masked keys, the empty row: zeros
+    assert np.all(weights.sum(-1) < 1)  # the sink keeps a share of every row
+
+
+def test_sink_softmax_is_stable_and_the_two_faces_agree():
+    scores, sinks, _ = sink_case(1)
+    big = scores + 1000.0  # exp would overflow without the max
+    weights = mnp.sink_softmax(big, sinks + 1000.0)
+    np.testing.assert_allclose(weights, mnp.sink_softmax(scores, sinks), rtol=1e-9, atol=1e-12)
+    ours = mt.sink_softmax(torch.as_tensor(scores), torch.as_tensor(sinks)).numpy()
+    np.testing.assert_allclose(ours, mnp.sink_softmax(scores, sinks), rtol=1e-13, atol=1e-15)
+    very_low = mnp.sink_softmax(scores, np.full(3, -1e9))  # a sink that takes nothing: the masked softmax
+    allowed = np.isfinite(scores)
+    expected = mnp.masked_softmax(np.where(allowed, scores, 0.0), allowed)
+    np.testing.assert_allclose(very_low, expected, rtol=1e-12, atol=1e-15)
+
+
+def test_sink_softmax_refuses_bad_shapes_by_name():
+    scores, sinks, _ = sink_case()
+    with pytest.raises(ValueError, match=r"sinks must have shape \(h,\) = \(3,\)"):
+        mnp.sink_softmax(scores, sinks[:2])
+    with pytest.raises(ValueError, match=r"scores must have shape \(\.\.\., h, T_q, T_k\)"):
+        mnp.sink_softmax(scores[0, 0], sinks)
+    with pytest.raises(ValueError, match=r"sinks must have shape \(h,\) = \(3,\)"):
+        mt.sink_softmax(torch.as_tensor(scores), torch.zeros(4, dtype=torch.float64))
+
+
+def test_grouped_attention_with_sinks_is_the_sink_softmax_over_masked_scores():
+    torch.manual_seed(0)
+    layer = mt.GroupedQueryAttention(24, 6, 2, rope_base=10000.0, sinks=True).double()
+    with torch.no_grad():
+        layer.sinks.normal_(0.0, 2.0)
+    x = torch.randn(2, 7, 24, dtype=torch.float64)
+    out, weights = layer(x, return_weights=True, causal=True)
+    q, k, v = layer.project(x)
+    q, k = layer.rotary.rotate(q, k)
+    scores = (q @ mt.repeat_kv(k, 3).transpose(-2, -1)) / layer.d_head ** 0.5  # (2, 6, 7, 7)
+    scores = scores.masked_fill(~mt.causal_mask(7), float("-inf"))
+    expected = mnp.sink_softmax(scores.detach().numpy(), layer.sinks.detach().numpy())
+    np.testing.assert_allclose(weights.detach().numpy(), expected, rtol=1e-12, atol=1e-15)
+    merged = mt.merge_heads(torch.as_tensor(expected) @ mt.repeat_kv(v, 3))
+    torch.testing.assert_close(out, layer.W_o(merged), rtol=1e-12, atol=1e-12)
+
+
+# Qwen3-Next's output gate -------------------------------------------------------------------------------------
+
+
+def test_the_output_gate_equals_qwen3_nexts_attention():
+    """Qwen3NextAttention (its full-attention layer; partial_rotary_factor=1 so that RoPE turns every feature, which
+    is all GroupedQueryAttention computes) copied by from_llama: the gate comes from q_proj, [query | gate] a head."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as modeling
+    config = transformers.Qwen3NextConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                          intermediate_size=16, num_hidden_layers=2, vocab_size=V,
+                                          partial_rotary_factor=1.0)
+    config._attn_implementation = "eager"
+    torch.manual_seed(2)
+    attention = modeling.Qwen3NextAttention(config, layer_idx=1).eval()
+    with torch.no_grad():
+        for parameter in attention.parameters():
+            parameter.normal_(0.0, 0.3)
+    rotary = modeling.Qwen3NextRotaryEmbedding(config)
+    x = torch.randn(2, 7, 32)
+    position_ids = torch.arange(7)[None].expand(2, 7)
+    causal = torch.zeros(7, 7).masked_fill(~mt.causal_mask(7), float("-inf"))[None, None]
+    with torch.no_grad():
+        expected = attention(x, rotary(x, position_ids), causal)[0]
+        ours = mt.GroupedQueryAttention.from_llama(attention, config.rope_parameters["rope_theta"])
+        got = ours(x, causal=True)[0]
+        assert ours.output_gate and ours.n_heads == 4 and ours.qk_norm == "head"
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        ours.output_gate = False  # the same weights without the gate: far off
+        ours.W_q = torch.nn.Linear(32, 32, bias=False)
+        ours.W_q.weight.copy_(attention.q_proj.weight.view(4, 16, 32)[:, :8].reshape(32, 32))
+        assert (ours(x, causal=True)[0] - expected).abs().max() > 1e-2
+
+
+# What is refused, by name ---------------------------------------------------------------------------------
+
+
+def test_qwen3_next_and_gemma3n_are_refused_by_model_type():
+    """Qwen3-Next's linear-attention layers and Gemma 3n's are not computed here: from_transformers names the type."""
+    config = transformers.Qwen3NextConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                          intermediate_size=16, num_hidden_layers=2, vocab_size=V, num_experts=4,
+                                          moe_intermediate_size=8, linear_num_value_heads=2, linear_num_key_heads=2,
+                                          linear_key_head_dim=8, linear_value_head_dim=8)
+    with pytest.raises(ValueError, match="model_type='qwen3_next'"):
+        mt.from_transformers(transformers.AutoModelForCausalLM.from_config(config))
+
+
+def test_mixtures_that_differ_from_layer_to_layer_are_refused_by_name():
+    model = hf_model("qwen3_moe, window 4, top-k not normalised")
+    model.model.layers[1].mlp.gate.top_k = 3  # one layer routes each token to 3 experts, the other to 2
+    with pytest.raises(ValueError, match="mixtures of experts that differ from layer to layer"):
+        mt.from_transformers(model)
+
+
+def test_deepseek_with_fewer_key_value_heads_is_refused_by_name():
+    config = CONFIGS["deepseek_v3, q_lora_rank, interleaved"]()
+    config.num_key_value_heads = 1
+    with pytest.raises(ValueError, match="num_key_value_heads=1"):
+        mt.from_transformers(transformers.AutoModelForCausalLM.from_config(config))
+
+
+def test_the_numpy_face_refuses_what_it_does_not_have_by_name():
+    with pytest.raises(ValueError, match="has no MixtureOfExperts"):
+        mt.from_transformers(hf_model("gpt_oss, window 3, clamp 0.8")).numpy_params()
+    with pytest.raises(ValueError, match="does not compute sinks, output_gate"):
+        mt.GroupedQueryAttention(16, 2, 1, sinks=True, output_gate=True).numpy_params()
+    with pytest.raises(ValueError, match="has no MultiHeadLatentAttention"):
+        mt.from_transformers(hf_model("deepseek_v3, q_lora_rank, interleaved")).numpy_params()

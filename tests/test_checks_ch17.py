@@ -16,6 +16,7 @@ from solutions_ch17 import CHAPTER_17, FROM_SCRATCH, all_cases, failures_on_ever
 
 import mha.numpy as mnp
 from mha.checks import ch17
+from mha.checks.reference import reference
 from mha.checks.registry import CHECKS, DTYPE_HINT, expected_answer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +84,50 @@ def test_the_sink_reference_equals_gpt_oss_s_eager_attention():
         finite = np.isfinite(scores).any(axis=-1)  # transformers' rows with every key masked are NaN (ours 0)
         theirs = weights.detach().numpy().reshape(scores.shape)
         np.testing.assert_allclose(expected[finite], theirs[finite], rtol=1e-12, atol=1e-14, err_msg=case.label)
+
+
+def test_the_router_reference_chooses_and_weighs_as_deepseek_v3_and_qwen3_moe_do():
+    """transformers' routers, their weight the identity so that their logits are the case's: DeepseekV3TopkRouter
+    (sigmoid, e_score_correction_bias, one group) for the sigmoid cases, Qwen3MoeTopKRouter (softmax) for the softmax
+    cases without a bias. Both compute in float32 and leave the chosen experts unsorted (sorted=False): the same
+    experts, compared in index order, and the same weights. Cases with a tie at the edge of the choice are left out
+    (torch.topk's choice among ties is not defined)."""
+    torch = pytest.importorskip("torch")
+    from transformers import DeepseekV3Config, Qwen3MoeConfig
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+    compared = 0
+    for case in all_cases(ROUTER, SEEDS[:4]):
+        (logits, top_k), kw = case.args, {"scoring": "softmax", "normalize": False, "bias": None} | case.kwargs
+        n, bias = logits.shape[-1], kw["bias"]
+        if case.raises or (kw["scoring"] == "softmax" and bias is not None):
+            continue
+        scores = 1 / (1 + np.exp(-logits)) if kw["scoring"] == "sigmoid" else softmax(logits.astype(np.float64))
+        best = -np.sort(-(scores + (0 if bias is None else bias)), axis=-1)[..., :top_k + 1]
+        if (np.diff(best, axis=-1) == 0).any():
+            continue  # a tie: torch.topk may take either
+        rounded = logits.astype(np.float32).astype(logits.dtype)  # what transformers computes with
+        weights, experts = reference(ROUTER)(rounded, top_k, **case.kwargs)
+        if kw["scoring"] == "sigmoid":
+            router = DeepseekV3TopkRouter(DeepseekV3Config(
+                hidden_size=n, n_routed_experts=n, num_experts_per_tok=top_k, n_group=1, topk_group=1,
+                norm_topk_prob=kw["normalize"], routed_scaling_factor=1.0))
+            if bias is not None:
+                router.e_score_correction_bias.copy_(torch.from_numpy(np.asarray(bias, dtype=np.float32)))
+        else:
+            router = Qwen3MoeTopKRouter(Qwen3MoeConfig(hidden_size=n, num_experts=n, num_experts_per_tok=top_k,
+                                                       norm_topk_prob=kw["normalize"]))
+        with torch.no_grad():
+            router.weight.copy_(torch.eye(n))
+            _, theirs, chosen = router(torch.from_numpy(logits.astype(np.float32)))
+        chosen, theirs = chosen.numpy().reshape(experts.shape), theirs.float().numpy().reshape(weights.shape)
+        ours_in_order, theirs_in_order = np.argsort(experts, axis=-1), np.argsort(chosen, axis=-1)
+        assert np.array_equal(np.take_along_axis(experts, ours_in_order, -1),
+                              np.take_along_axis(chosen, theirs_in_order, -1)), case.label
+        np.testing.assert_allclose(np.take_along_axis(weights, ours_in_order, -1), np.take_along_axis(
+            theirs, theirs_in_order, -1), rtol=2e-6, atol=1e-7, err_msg=case.label)
+        compared += 1
+    assert compared >= 20
 
 
 # The traps are in the named cases ---------------------------------------------------------------------------------

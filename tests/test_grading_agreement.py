@@ -55,6 +55,15 @@ NAMED_ROUTES = {
                                    "    return bits_per_character(mean_loss * n_tokens, n_characters)"),
     "generate_greedy": ("def cropped(tokens):\n        return logits_fn(tokens if max_len is None else "
                         "tokens[..., -max_len:])\n    return mnp.generate(cropped, prompt, n_new, top_k=1)"),
+    "absorbed_latent_decode": "return mnp.expanded_latent_decode(q_nope, q_rope, latents, rotary_keys, W_uk, W_uv, scale)",
+    "sink_softmax": ("column = np.broadcast_to(sinks[:, None, None], scores.shape[:-1] + (1,))\n"
+                     "    return mnp.softmax(np.concatenate([scores, column], axis=-1))[..., :-1]"),
+    "select_top_k_keys": ("allowed = np.ones(scores.shape, bool) if mask is None else np.broadcast_to(mask, scores.shape)"
+                          "\n    _, chosen = mnp.route_tokens(np.where(allowed, scores, -1e300), min(k, scores.shape[-1]))"
+                          "\n    picked = np.zeros(scores.shape, dtype=bool)\n"
+                          "    np.put_along_axis(picked, chosen, True, axis=-1)\n    return picked & allowed"),
+    "route_tokens": ("return mnp.route_tokens_in_groups(logits, top_k, n_groups=1, top_groups=1, scoring=scoring, "
+                     "normalize=normalize, bias=bias)"),
 }
 
 

@@ -62,8 +62,7 @@ def absorbed_latent_decode_cases(r):
         Case("scores of 1050 to 1400 (exp overflows without the row's maximum)", far_scores(r)),
         Case("float32 inputs: float32 answers", latent_inputs(r, (2,), 3, 5, 6, 4, 2, 3, np.float32)),
         Case(f"a long cache: T = {LONG_T}, h = {LONG_H}, r = {LONG_R}, d_rope = {LONG_ROPE}, d_nope = d_v = {LONG_D}, "
-             f"at most "
-             f"{LONG_PEAK_BYTES // 2**20} MiB (one head's keys alone would take "
+             f"at most {LONG_PEAK_BYTES // 2**20} MiB (one head's keys alone would take "
              f"{8 * LONG_T * LONG_D / 2**20:.0f} MiB)", long, peak_bytes=LONG_PEAK_BYTES,
              too_much="never form the keys (or the values) of the cached tokens: fold W_uk into the query and W_uv "
                       "into the output, and attend over the latents themselves"),
@@ -87,13 +86,13 @@ def stable_softmax(s, axis=-1):
     return e / e.sum(axis=axis, keepdims=True)
 
 
-def decode(q_nope, q_rope, latents, rotary_keys, W_uk, W_uv, scale, *, absorb="hrn,...hn->...hr",
-           nope_scale=None, rope_scale=None, rope=True, softmax=stable_softmax, axis=-1, W_out=None, weights_of=None):
+def decode(q_nope, q_rope, latents, rotary_keys, W_uk, W_uv, scale, *, absorb="hrn,...hn->...hr", rope_scale=None,
+           rope=True, softmax=stable_softmax, axis=-1, W_out=None, weights_of=None):
     """The absorbed decode, right with the defaults; each keyword changes one step as a mistake does."""
     q_latent = np.einsum(absorb, W_uk, q_nope)  # (..., h, r)
     nope = np.einsum("...hr,...tr->...ht", q_latent, latents)  # (..., h, T)
     rotary = np.einsum("...hd,...td->...ht", q_rope, rotary_keys) if rope else 0  # (..., h, T)
-    scores = (scale if nope_scale is None else nope_scale) * nope + (scale if rope_scale is None else rope_scale) * rotary
+    scores = scale * nope + (scale if rope_scale is None else rope_scale) * rotary
     w = softmax(scores, axis=axis)  # (..., h, T)
     mixed = np.einsum("...ht,...tr->...hr", w, latents)  # (..., h, r)
     out = mixed if W_out is False else np.einsum("...hr,hrv->...hv", mixed, W_uv if W_out is None else W_out)
@@ -210,7 +209,7 @@ def sink_softmax_cases(r):
         Case("a causal mask (-inf) and a query row masked whole: its weights are all 0", (masked(scores, r), sinks)),
         Case("scores of about 1000 in query 0, sinks near 0 (exp overflows without the row's maximum)",
              (far, far_sinks)),
-        Case("sinks 20 above every score: each row sums to almost 0", (high, high_sinks + 20)),
+        Case("sinks of about 20, far above the scores (N(0, 2)): each row sums to almost 0", (high, high_sinks + 20)),
         Case("one head, no batch axis: scores (1, 4, 6), sinks (1,)", sink_inputs(r, (), 1, 4, 6)),
         Case("float32 scores and sinks", sink_inputs(r, (3,), 2, 4, 3, np.float32)),
     ]
@@ -225,7 +224,7 @@ def sink_softmax_random_cases(r):
     return [
         Case("random: a 4-D batch with masked keys and a masked row", (masked(scores, r, bool(r.integers(2))), sinks)),
         Case("random: float32, a 4-D batch", sink_inputs(r, batch(r, 1), h, T_q, T_k, np.float32)),
-        Case("random: sinks 50 below the scores", (low, low_sinks - 50)),
+        Case("random: sinks of about -50, far below the scores", (low, low_sinks - 50)),
     ]
 
 

@@ -455,7 +455,7 @@ def test_the_checks_settings():
 
 TEXTS = exercise_texts(17)
 WORDS = {  # what each text must say: its inputs, its rules, the errors and bounds its cases hold
-    ABSORBED: ("`W_uk`", "`W_uv`", "`scale`", "`weights`", "nothing from `mha`", "24 MiB"),
+    ABSORBED: ("`W_uk`", "`W_uv`", "`scale`", "`weights`", "nothing from `mha`", "48 MiB"),
     SINKS: ("`sinks`", "one learned logit per head", "zeros", "nothing from `mha`"),
     TOP_K: ("earlier key", "fewer than", "`mnp.top_k_filter`", "`mnp.route_tokens`", "boolean"),
     ROUTER: ("sigmoid", "`bias`", "lower index", "int64", "`ValueError`", "nothing from `mha`"),

@@ -287,9 +287,53 @@ def test_grouped_attention_with_sinks_is_the_sink_softmax_over_masked_scores():
 # Qwen3-Next's output gate -------------------------------------------------------------------------------------
 
 
-def test_the_output_gate_equals_qwen3_nexts_attention():
-    """Qwen3NextAttention (its full-attention layer; partial_rotary_factor=1 so that RoPE turns every feature, which
-    is all GroupedQueryAttention computes) copied by from_llama: the gate comes from q_proj, [query | gate] a head."""
+def qwen3_next_attention(seed=2, **changes):
+    """Qwen3-Next's full-attention layer (layer 3 of its default pattern), random weights, and its rotary embedding."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as modeling
+    config = transformers.Qwen3NextConfig(**{**dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                                    head_dim=16, intermediate_size=16, num_hidden_layers=4,
+                                                    vocab_size=V), **changes})
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    attention = modeling.Qwen3NextAttention(config, layer_idx=3).eval()
+    with torch.no_grad():
+        for parameter in attention.parameters():
+            parameter.normal_(0.0, 0.3)
+    return attention, modeling.Qwen3NextRotaryEmbedding(config)
+
+
+def qwen3_next_forward(attention, rotary, x, start=0, cache=None):
+    T_new = x.shape[-2]
+    position_ids = torch.arange(start, start + T_new)[None].expand(len(x), T_new)
+    allowed = mt.causal_mask_after(T_new, start)
+    causal = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))[None, None]
+    with torch.no_grad():
+        return attention(x, rotary(x, position_ids), causal, past_key_values=cache)[0]
+
+
+@pytest.mark.parametrize("factor", [0.25, 1.0], ids=["partial RoPE 4 of 16 (default)", "RoPE on all 16"])
+def test_qwen3_nexts_full_attention_layer_output_gate_and_partial_rope(factor):
+    """Qwen3NextAttention copied by from_llama: the gate from q_proj ([query | gate] a head), sigmoid(gate) on the
+    heads' outputs, RoPE on the first head_dim * partial_rotary_factor features, (1 + w) QK-norms; a prompt, then
+    decoding with the cache."""
+    attention, rotary = qwen3_next_attention(partial_rotary_factor=factor)
+    ours = mt.GroupedQueryAttention.from_llama(attention, attention.config.rope_parameters["rope_theta"])
+    assert ours.output_gate and ours.n_heads == 4 and ours.rotary_dim == int(16 * factor)
+    assert ours.q_norm.unit_offset
+    x = torch.randn(2, 9, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x, causal=True)[0], qwen3_next_forward(attention, rotary, x),
+                                   rtol=1e-5, atol=1e-5)
+    cache, theirs = mt.KVCache(), transformers.DynamicCache(config=attention.config)
+    for start, stop in [(0, 5), (5, 6), (6, 9)]:
+        with torch.no_grad():
+            got = ours(x[:, start:stop], causal=True, cache=cache)[0]
+        expected = qwen3_next_forward(attention, rotary, x[:, start:stop], start, theirs)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_output_gate_matters():
+    """The same layer without the gate (its query rows alone): far off."""
     from transformers.models.qwen3_next import modeling_qwen3_next as modeling
     config = transformers.Qwen3NextConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                                           intermediate_size=16, num_hidden_layers=2, vocab_size=V,
@@ -307,9 +351,7 @@ def test_the_output_gate_equals_qwen3_nexts_attention():
     with torch.no_grad():
         expected = attention(x, rotary(x, position_ids), causal)[0]
         ours = mt.GroupedQueryAttention.from_llama(attention, config.rope_parameters["rope_theta"])
-        got = ours(x, causal=True)[0]
-        assert ours.output_gate and ours.n_heads == 4 and ours.qk_norm == "head"
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours(x, causal=True)[0], expected, rtol=1e-5, atol=1e-5)
         ours.output_gate = False  # the same weights without the gate: far off
         ours.W_q = torch.nn.Linear(32, 32, bias=False)
         ours.W_q.weight.copy_(attention.q_proj.weight.view(4, 16, 32)[:, :8].reshape(32, 32))

@@ -194,6 +194,8 @@ class GroupedQueryAttention(nn.Module):
     - output_gate: Qwen3-Next's gated attention (Qiu et al., 2025): W_q makes, per head, the query and
       a gate of d_head features ([query | gate], 2 * d_head outputs a head); the heads' outputs are
       multiplied by sigmoid(gate) before W_o;
+    - rotary_dim: RoPE on the first rotary_dim features of each query and key head only, the others
+      unturned (Qwen3-Next's partial_rotary_factor, halves rotated as Llama's); default all d_head;
     - own_kv=False: the layer has no W_k, W_v and attends to the keys and values of an earlier layer,
       given as `shared_kv` (cross-layer KV sharing: Brandon et al., 2024; Gemma 3n's shared layers).
     `new_cache()` is a KVCache for this layer (None for a layer that makes no keys).
@@ -201,8 +203,8 @@ class GroupedQueryAttention(nn.Module):
 
     def __init__(self, d_model, n_heads, n_kv_heads, *, d_head=None, bias=False, rope_base=None,
                  rope_scaling=None, qk_norm=None, norm_eps=1e-6, norm_unit_offset=False, scale=None,
-                 logit_cap=None, sliding_window=None, sinks=False, output_gate=False, own_kv=True, device=None,
-                 dtype=None):
+                 logit_cap=None, sliding_window=None, sinks=False, output_gate=False, own_kv=True, rotary_dim=None,
+                 device=None, dtype=None):
         super().__init__()
         self.d_model = validate.check_int("d_model", d_model)
         self.n_rep = validate.check_group_sizes(n_heads, n_kv_heads)
@@ -239,7 +241,12 @@ class GroupedQueryAttention(nn.Module):
             widths = (d_head, d_head) if qk_norm == "head" else (n_heads * d_head, n_kv_heads * d_head)
             norm = dict(eps=norm_eps, unit_offset=norm_unit_offset, device=device, dtype=dtype)
             self.q_norm, self.k_norm = RMSNorm(widths[0], **norm), RMSNorm(widths[1], **norm)
-        self.rotary = None if self.rope_base is None else RotaryTables(d_head, self.rope_base, self.rope_scaling)
+        self.rotary_dim = d_head if rotary_dim is None else validate.check_int("rotary_dim", rotary_dim)
+        if rotary_dim is not None and (rotary_dim > d_head or rotary_dim % 2 or self.rope_base is None):
+            raise ValueError(f"rotary_dim must be even, at most d_head={d_head}, and come with rope_base, "
+                             f"got rotary_dim={rotary_dim}, rope_base={rope_base}")
+        self.rotary = None if self.rope_base is None else \
+            RotaryTables(self.rotary_dim, self.rope_base, self.rope_scaling)
 
     def forward(self, x, mask=None, return_weights=False, *, causal=False, cache=None, positions=None,
                 shared_kv=None):
@@ -273,7 +280,7 @@ class GroupedQueryAttention(nn.Module):
         T_past = 0 if cache is None else len(cache)
         start = 0 if cache is None else cache.position
         if self.rotary is not None:  # apply_rotary with this layer's stored tables
-            q, k = self.rotary.rotate(q, k, start, positions)
+            q, k = self.turn(q, k, start, positions)
         elif positions is not None:
             raise ValueError("positions are RoPE's positions, but this layer has no RoPE (rope_base=None)")
         keys, values = (k, v) if cache is None else cache.append(k, v)  # (..., h_kv, T_past + T, d_head)
@@ -292,8 +299,7 @@ class GroupedQueryAttention(nn.Module):
         keys, values, start = shared_kv
         q, gate = self.queries(x)  # (..., h, T, d_head), (..., T, h * d_head) or None
         if self.rotary is not None:
-            cos, signed_sin = self.rotary.rows(q.shape[-2], start, positions, q.dtype, q.device, signed=True)
-            q = rotated_by_signed_sin(q, cos, signed_sin)
+            q, _ = self.turn(q, None, start, positions)
         elif positions is not None:
             raise ValueError("positions are RoPE's positions, but this layer has no RoPE (rope_base=None)")
         T_past = keys.shape[-2] - q.shape[-2]  # the new tokens' keys are the last ones held
@@ -301,6 +307,21 @@ class GroupedQueryAttention(nn.Module):
                                          scale=self.scale, logit_cap=self.logit_cap, return_weights=return_weights,
                                          sinks=self.sinks)
         return self.output(out, gate), weights, shared_kv
+
+    def turn(self, q, k, start, positions):
+        """q and k (None: q alone) turned by RoPE at positions start .. (or `positions`): all d_head features,
+        or the first rotary_dim of them (partial RoPE), the others passed through."""
+        r = self.rotary_dim
+        cos, signed_sin = self.rotary.rows(q.shape[-2], start, positions, q.dtype, q.device, signed=True)
+        turned = []
+        for a in (q, k):
+            if a is None:
+                turned.append(None)
+            elif r == self.d_head:
+                turned.append(rotated_by_signed_sin(a, cos, signed_sin))
+            else:
+                turned.append(torch.cat([rotated_by_signed_sin(a[..., :r], cos, signed_sin), a[..., r:]], dim=-1))
+        return turned
 
     def output(self, out, gate):
         """The heads' outputs (..., h, T, d_head), merged, gated (output_gate), through W_o: (..., T, d_model)."""
@@ -378,7 +399,8 @@ class GroupedQueryAttention(nn.Module):
         grouped_query_attention(X, **module.numpy_params()) computes what the module computes. The NumPy
         face has no sinks, output gate or shared keys: a layer with one is refused by name."""
         missing = [name for name, used in (("sinks", self.sinks is not None), ("output_gate", self.output_gate),
-                                           ("own_kv=False", not self.own_kv)) if used]
+                                           ("own_kv=False", not self.own_kv),
+                                           ("rotary_dim < d_head", self.rotary_dim < self.d_head)) if used]
         if missing:
             raise ValueError(f"mha.numpy.grouped_query_attention does not compute {', '.join(missing)}")
         layers = {"q": self.W_q, "k": self.W_k, "v": self.W_v, "o": self.W_o}

@@ -1,11 +1,14 @@
 """Chapter 13: today's language models, whole, from the course's parts.
 
 `TransformerLM` is one decoder-only model that becomes GPT-2, Llama, Mistral, Qwen2, Qwen3,
-Gemma 2, Gemma 3 or OLMo 2 by its `LMConfig`: token embeddings (scaled by sqrt(d_model) in Gemma),
+Gemma 2, Gemma 3 or OLMo 2 by its `LMConfig` (and, chapter 17, OLMo 3, gpt-oss, Qwen3-MoE, DeepSeek-V3 and
+DeepSeek-V3.2: attention sinks, DeepSeek's latent attention, experts, and cross-layer KV sharing): token
+embeddings (scaled by sqrt(d_model) in Gemma),
 learned positions (GPT-2) or RoPE inside attention (the others), a stack of `LMBlock`s, a
 final norm, an output layer (tied to the embeddings where the model ties them) and Gemma 2's
-final soft-cap. Each block is a `GroupedQueryAttention` and a feed-forward (`FeedForward` with
-tanh GELU for GPT-2, `GatedFeedForward` for the others), with its norms placed as the model
+final soft-cap. Each block is a `GroupedQueryAttention` (or DeepSeek's `MultiHeadLatentAttention`) and a
+feed-forward (`FeedForward` with tanh GELU for GPT-2, `GatedFeedForward` for the others, `MixtureOfExperts`
+where the model routes tokens to experts), with its norms placed as the model
 places them: before each sublayer (pre-norm: GPT-2, Llama), before and after it (Gemma 2
 and 3), or after it (OLMo 2).
 
@@ -364,7 +367,10 @@ class TransformerLM(nn.Module):
 def from_transformers(model):
     """A `TransformerLM` computing what the Hugging Face causal LM `model` computes (same device and
     dtype): GPT2LMHeadModel, LlamaForCausalLM, and the Mistral, Qwen2, Qwen3, Gemma, Gemma 2,
-    Gemma 3 (text) and OLMo 2 causal LMs. Its logits equal the model's (tests/test_lm.py).
+    Gemma 3 (text) and OLMo 2 causal LMs (tests/test_lm.py); OLMo 3 (per-layer windows), gpt-oss (sinks,
+    alternating windows, clamped SwiGLU experts), Qwen3-MoE, DeepSeek-V3 (latent attention, group-limited
+    experts) and DeepSeek-V3.2 (with the lightning indexer) (tests/test_lm_remembering.py). Its logits equal
+    the model's.
 
     One path for every family (`mha.torch.hf`): the configuration is read into an LMConfig, each
     attention layer as `GroupedQueryAttention.from_llama` reads it; the model is built from it once,

@@ -46,6 +46,9 @@ IGNORED_SOFT_CAP = {"Gemma3Attention"}
 IGNORED_SOFT_CAP_TYPES = {"gemma3", "gemma3_text"}
 # Attention layers whose q_proj makes, per head, a query and an output gate ([query | gate], 2 * head_dim).
 OUTPUT_GATED = {"Qwen3NextAttention"}
+# Attention layers with a partial RoPE whose turned features are the first head_dim * partial_rotary_factor,
+# rotated as halves (Llama's rotate_half on that part): computed (rotary_dim). Others' layouts are refused.
+PARTIAL_ROTARY_HALVES = {"Qwen3NextAttention"}
 # Dropout fields of the families' configs: the copy computes without dropout, so train() is refused where one is set.
 DROPOUT_FIELDS = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout")
 
@@ -128,10 +131,21 @@ def layer_rope(attention):
         rope = dict(rope[kind])
     elif getattr(config, "rope_local_base_freq", None) is not None and kind == "sliding_attention":
         rope = {"rope_type": "default", "rope_theta": config.rope_local_base_freq}  # transformers 4's Gemma 3
-    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
-    if factor is not None and factor != 1.0:
-        refuse(attention, [f"partial_rotary_factor={factor} (RoPE on part of each head's features; we turn them all)"])
+    factor = partial_rotary_factor(attention)
+    if factor != 1.0 and type(attention).__name__ not in PARTIAL_ROTARY_HALVES:
+        refuse(attention, [f"partial_rotary_factor={factor} (RoPE on part of each head's features, in a layout "
+                           f"not read here; read: {sorted(PARTIAL_ROTARY_HALVES)})"])
     return rope.get("rope_theta"), scaling_of(attention, rope)
+
+
+def partial_rotary_factor(attention):
+    """The share of each head's features that RoPE turns (1.0: all), from the layer's rope parameters or config."""
+    config = attention.config
+    rope = rope_parameters(config)
+    if is_per_layer_type(rope):
+        rope = dict(rope.get(layer_type(attention), {}))
+    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    return 1.0 if factor is None else factor
 
 
 def scaling_of(attention, rope):
@@ -196,6 +210,9 @@ def attention_options(attention, rope_base):
                        norm_unit_offset=norm["unit_offset"])
     if rope_base is not None and config is not None:
         theta, options["rope_scaling"] = layer_rope(attention)
+        factor = partial_rotary_factor(attention)
+        if factor != 1.0:  # Qwen3-Next: the first head_dim * factor features turned, as halves
+            options["rotary_dim"] = int(attention.head_dim * factor)
         if theta is not None and theta != rope_base:
             raise ValueError(f"the {type(attention).__name__} config has rope_theta={theta} for this layer but "
                              f"rope_base={rope_base}: pass rope_base={theta}")

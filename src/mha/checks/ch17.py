@@ -513,8 +513,8 @@ def tied_logits(r):
 def bias_that_turns_the_choice(r):
     """Sigmoid routing of 3 tokens over 5 experts where the bias changes the choice, and where it is added matters:
     in token 0, expert 1's logit 3 (score 0.95) loses to expert 3's logit 0 (score 0.5) with bias 0.6, where logits +
-    bias would keep expert 1 (2.95 against 0.6); in token 1, expert 3 (logit 0.8) beats expert 0 (logit 1) on logits + bias too, so
-    that adding the bias to the logits answers otherwise than leaving it out."""
+    bias would keep expert 1 (2.95 against 0.6); in token 1, expert 3 (logit 0.8) beats expert 0 (logit 1) on
+    logits + bias too, so that adding the bias to the logits answers otherwise than leaving it out."""
     logits = np.array([[1.0, 3.0, -1.0, 0.0, -2.0], [1.0, 2.5, -0.5, 0.8, -1.0], [-1.0, 2.0, 0.1, -0.4, 0.8]])
     bias = np.array([0.0, -0.05, 0.1, 0.6, 0.05])
     shift = r.uniform(-0.1, 0.1, logits.shape)

@@ -314,6 +314,14 @@ def test_the_expanded_keys_fail_the_memory_case_with_its_words_and_no_hint():
         assert not hint_of(message), message
 
 
+def test_the_router_s_reference_raises_on_its_last_case_and_only_there():
+    cases = CHECKS[ROUTER].named_cases(0)
+    assert [c.raises for c in cases] == [None] * (len(cases) - 1) + [ValueError]
+    with pytest.raises(ValueError, match="relu"):
+        cases[-1].call(mnp.route_tokens)
+    assert not any(c.raises for name in (ABSORBED, SINKS, TOP_K) for c in CHECKS[name].named_cases(0))
+
+
 def test_an_unknown_scoring_must_raise():
     def anything_else_is_a_softmax(logits, top_k, *, scoring="softmax", normalize=False, bias=None):
         scoring = "sigmoid" if scoring == "sigmoid" else "softmax"

@@ -1,8 +1,9 @@
 """`mha.torch.from_transformers` on the families of chapter 17 (attention that remembers less): OLMo 3 (sliding
 layers), gpt-oss (attention sinks, alternating windows, clamped SwiGLU experts), Qwen3-MoE (experts, dense
 mlp_only_layers), DeepSeek-V3 (multi-head latent attention, group-limited experts with the correction bias,
-shared experts, dense first layers) and DeepSeek-V3.2 (the same with the lightning indexer's top-k keys);
-the sink softmax in both faces; Qwen3-Next's output gate; and what is refused, by name.
+shared experts, dense first layers) and DeepSeek-V3.2 (the same with the lightning indexer's top-k keys),
+each also through `mha.numpy.transformer_lm`; the sink softmax in both faces; Qwen3-Next's full-attention
+layer (output gate, partial RoPE); and what is refused, by name.
 
 Tiny random configurations, nothing downloaded, held out from development (other sizes and seeds than the
 ones the code was written against); weights drawn from N(0, 0.3), DeepSeek's e_score_correction_bias given
@@ -113,6 +114,18 @@ def test_logits_equal_transformers_in_float64(name):
         expected, got = model(tokens).logits, ours(tokens)
     assert got.dtype == torch.float64
     assert relative_gap(got, expected, torch.ones_like(tokens, dtype=torch.bool)) <= 1e-6
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_numpy_twin_computes_the_same_logits(name):
+    """mnp.transformer_lm from numpy_params(): sinks, the latent attention (and its indexer), the experts."""
+    ours = mt.from_transformers(hf_model(name, dtype=torch.float64))
+    tokens, mask = padded_batch()
+    with torch.no_grad():
+        expected = ours(tokens, mask)
+    got = mnp.transformer_lm(tokens.numpy(), **ours.numpy_params(), attention_mask=mask.numpy())
+    real = mask.bool().numpy()
+    np.testing.assert_allclose(got[real], expected.numpy()[real], rtol=1e-10, atol=1e-10)
 
 
 def margins(scores):
@@ -385,10 +398,21 @@ def test_deepseek_with_fewer_key_value_heads_is_refused_by_name():
         mt.from_transformers(transformers.AutoModelForCausalLM.from_config(config))
 
 
-def test_the_numpy_face_refuses_what_it_does_not_have_by_name():
-    with pytest.raises(ValueError, match="has no MixtureOfExperts"):
-        mt.from_transformers(hf_model("gpt_oss, window 3, clamp 0.8")).numpy_params()
-    with pytest.raises(ValueError, match="does not compute sinks, output_gate"):
-        mt.GroupedQueryAttention(16, 2, 1, sinks=True, output_gate=True).numpy_params()
-    with pytest.raises(ValueError, match="has no MultiHeadLatentAttention"):
-        mt.from_transformers(hf_model("deepseek_v3, q_lora_rank, interleaved")).numpy_params()
+def test_the_numpy_face_refuses_shared_keys_by_name():
+    with pytest.raises(ValueError, match=r"does not compute own_kv=False \(shared keys\)"):
+        mt.GroupedQueryAttention(16, 2, 1, own_kv=False).numpy_params()
+
+
+def test_the_numpy_face_computes_sinks_the_output_gate_and_a_partial_rope():
+    torch.manual_seed(3)
+    layer = mt.GroupedQueryAttention(24, 4, 2, d_head=8, bias=True, rope_base=10000.0, rotary_dim=4, sinks=True,
+                                     output_gate=True, qk_norm="head", norm_unit_offset=True).double()
+    with torch.no_grad():
+        for parameter in layer.parameters():
+            parameter.normal_(0.0, 0.5)
+    x = torch.randn(2, 6, 24, dtype=torch.float64)
+    with torch.no_grad():
+        expected, expected_weights = layer(x, return_weights=True, causal=True)
+    got, weights = mnp.grouped_query_attention(x.numpy(), **layer.numpy_params(), causal=True)
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(weights, expected_weights.numpy(), rtol=1e-12, atol=1e-14)

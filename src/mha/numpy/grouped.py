@@ -10,10 +10,11 @@ import numpy as np
 
 from mha import validate
 from mha.numpy.attention import (as_float_array, as_mask, matrix, merge_heads, project,
-                                  scaled_dot_product_attention, sequences, split_heads)
+                                  scaled_dot_product_attention, sequences, soft_cap, split_heads)
 from mha.numpy.cache import KVCache
 from mha.numpy.parts import rms_norm
 from mha.numpy.rotary import apply_rotary, rotary_at, rotary_embedding
+from mha.numpy.sinks import sink_softmax
 
 
 def repeat_kv(x, n_rep):
@@ -83,7 +84,8 @@ def attend_with_cache(q, k, v, past_keys=None, past_values=None, *, causal=False
 def grouped_query_attention(X, W_q, W_k, W_v, W_o, n_heads, n_kv_heads, *, mask=None, causal=False,
                             rope_base=None, b_q=None, b_k=None, b_v=None, b_o=None, cache=None, positions=None,
                             rope_scaling=None, scale=None, logit_cap=None, sliding_window=None, q_norm=None,
-                            k_norm=None, norm_eps=1e-6, norm_unit_offset=False):
+                            k_norm=None, norm_eps=1e-6, norm_unit_offset=False, sinks=None, W_g=None, b_g=None,
+                            rotary_dim=None):
     """Self-attention with n_heads query heads sharing n_kv_heads key/value heads.
 
     X: (..., T, d_model); W_q: (d_model, h * d_head); W_k, W_v: (d_model, h_kv * d_head);
@@ -94,7 +96,10 @@ def grouped_query_attention(X, W_q, W_k, W_v, W_o, n_heads, n_kv_heads, *, mask=
     q_norm, k_norm (RMSNorm weights of width d_head, per head, or h * d_head and h_kv * d_head,
     over all heads, with norm_eps and norm_unit_offset), `scale` instead of d_head ** -0.5,
     `logit_cap` (soft-capped scores), `sliding_window` (a causal query sees only the last
-    sliding_window positions; a cache then keeps only sliding_window - 1). Returns
+    sliding_window positions; a cache then keeps only sliding_window - 1); sinks (h,), gpt-oss's
+    learned logit per head in each row's denominator (`sink_softmax`); W_g (d_model, h * d_head) and
+    b_g, Qwen3-Next's output gate: the merged heads times sigmoid(X W_g + b_g) before W_o;
+    rotary_dim: RoPE on the first rotary_dim features of each head only (Qwen3-Next). Returns
     out (..., T, d_model) and weights (..., h, T, T_k), T_k the keys held after the call.
     """
     X, _ = sequences(X)
@@ -116,14 +121,15 @@ def grouped_query_attention(X, W_q, W_k, W_v, W_o, n_heads, n_kv_heads, *, mask=
     v = split_heads(project("W_v", X, W_v, b_v, "X"), n_kv_heads)  # (..., h_kv, T, d_head)
     T_past, start = (0, 0) if cache is None else (len(cache), cache.position)
     if rope_base is not None:
-        T = q.shape[-2]
+        T, r = q.shape[-2], d_head if rotary_dim is None else rotary_dim
         dtype = np.float64 if q.dtype == np.float64 else np.float32
         if positions is None:
-            cos, sin = rotary_embedding(T, d_head, rope_base, offset=start, dtype=dtype, scaling=rope_scaling)
+            cos, sin = rotary_embedding(T, r, rope_base, offset=start, dtype=dtype, scaling=rope_scaling)
         else:
-            cos, sin = rotary_at(positions, d_head, rope_base, dtype=dtype, scaling=rope_scaling)  # (..., T, d)
-            cos, sin = cos[..., None, :, :], sin[..., None, :, :]  # (..., 1, T, d_head): every head
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            cos, sin = rotary_at(positions, r, rope_base, dtype=dtype, scaling=rope_scaling)  # (..., T, r)
+            cos, sin = cos[..., None, :, :], sin[..., None, :, :]  # (..., 1, T, r): every head
+        q = np.concatenate([apply_rotary(q[..., :r], cos, sin), q[..., r:]], axis=-1)  # the first r features turn
+        k = np.concatenate([apply_rotary(k[..., :r], cos, sin), k[..., r:]], axis=-1)
     elif positions is not None or rope_scaling is not None:
         raise ValueError("positions and rope_scaling are RoPE's: give rope_base too")
     keys, values = (k, v) if cache is None else cache.append(k, v)  # (..., h_kv, T_past + T, d_head)
@@ -132,11 +138,31 @@ def grouped_query_attention(X, W_q, W_k, W_v, W_o, n_heads, n_kv_heads, *, mask=
         mask = causal_part if mask is None else as_mask(mask, (*q.shape[:-2], q.shape[-2], keys.shape[-2])) \
             & causal_part
     n_rep = n_heads // n_kv_heads
-    out, weights = scaled_dot_product_attention(q, repeat_kv(keys, n_rep), repeat_kv(values, n_rep), mask,
-                                                scale=scale, logit_cap=logit_cap)
+    if sinks is None:
+        out, weights = scaled_dot_product_attention(q, repeat_kv(keys, n_rep), repeat_kv(values, n_rep), mask,
+                                                    scale=scale, logit_cap=logit_cap)
+    else:
+        out, weights = attention_with_sinks(q, repeat_kv(keys, n_rep), repeat_kv(values, n_rep), mask, sinks,
+                                            scale=scale, logit_cap=logit_cap)
     if cache is not None and sliding_window is not None:
         cache.keep_last(sliding_window - 1)  # the next query's window holds these and itself
-    return project("W_o", merge_heads(out), W_o, b_o, "the merged heads"), weights
+    merged = merge_heads(out)  # (..., T, h * d_head)
+    if W_g is not None:  # Qwen3-Next: each head's output gated, feature by feature
+        merged = merged / (1 + np.exp(-project("W_g", X, W_g, b_g, "X")))  # times sigmoid(X W_g + b_g)
+    return project("W_o", merged, W_o, b_o, "the merged heads"), weights
+
+
+def attention_with_sinks(q, keys, values, mask, sinks, *, scale=None, logit_cap=None):
+    """Attention whose weights are `sink_softmax` of the masked scores: q (..., h, T, d), keys and values
+    (..., h, T_k, d), mask broadcasting to (..., h, T, T_k) or None, sinks (h,). Returns out, weights."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = (q @ np.swapaxes(keys, -1, -2)) * scale  # (..., h, T, T_k)
+    if logit_cap is not None:
+        scores = soft_cap(scores, logit_cap)
+    if mask is not None:
+        scores = np.where(as_mask(mask, scores.shape), scores, -np.inf)
+    weights = sink_softmax(scores, sinks)  # (..., h, T, T_k), rows summing to less than 1
+    return weights @ values, weights
 
 
 def query_key_norms(q, k, q_norm, k_norm, n_heads, n_kv_heads, d_head, eps, unit_offset):

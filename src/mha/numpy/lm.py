@@ -3,7 +3,9 @@
 `transformer_lm(tokens, **params)` computes the logits of a `mha.torch.TransformerLM` from its
 `numpy_params()`: embeddings (scaled in Gemma), learned positions (GPT-2) or RoPE in each
 attention layer, the blocks with their norms where the family puts them, the final norm, the
-output layer (the embeddings' transpose when tied) and Gemma 2's final soft cap.
+output layer (the embeddings' transpose when tied) and Gemma 2's final soft cap; and chapter 17's
+parts where the NumPy face has them: attention sinks, Qwen3-Next's output gate, DeepSeek's latent attention
+(`latent_attention`, with its indexer) and the mixture of experts (`mixture_of_experts`).
 """
 
 import numpy as np
@@ -11,7 +13,9 @@ import numpy as np
 from mha import validate
 from mha.numpy.attention import as_float_array, soft_cap
 from mha.numpy.blocks import feed_forward, layer_norm
+from mha.numpy.experts import mixture_of_experts
 from mha.numpy.grouped import grouped_query_attention
+from mha.numpy.latent import latent_attention
 from mha.numpy.parts import gated_feed_forward, rms_norm
 
 
@@ -25,18 +29,32 @@ def apply_norm(x, params):
 
 
 def lm_feed_forward(x, params):
-    """GPT-2's two layers with tanh GELU ("mlp"), or a gated feed-forward ("gated")."""
+    """GPT-2's two layers with tanh GELU ("mlp"), a gated feed-forward ("gated"), or a mixture of experts
+    ("experts", chapter 17)."""
     params = dict(params)
-    if params.pop("kind") == "mlp":
+    kind = params.pop("kind")
+    if kind == "mlp":
         return feed_forward(x, **params, activation="gelu_tanh")
+    if kind == "experts":
+        return mixture_of_experts(x, **params)
     return gated_feed_forward(x, **params)
+
+
+def lm_attention(x, params, mask=None, positions=None):
+    """Causal self-attention: grouped-query attention, or DeepSeek's latent attention ({"kind": "latent",
+    "params", "options"}: `latent_attention`, positions 0 .. T - 1)."""
+    if params.get("kind") == "latent":
+        if positions is not None and not np.array_equal(positions, np.broadcast_to(np.arange(x.shape[-2]),
+                                                                                     positions.shape)):
+            raise ValueError("latent_attention turns positions 0 .. T - 1 only: give no position_ids")
+        return latent_attention(x, params["params"], **params["options"], mask=mask, causal=True)
+    return grouped_query_attention(x, **params, mask=mask, causal=True, positions=positions)
 
 
 def lm_block(x, layer, mask=None, positions=None):
     """One block: causal self-attention and a feed-forward, each added to x, norms where the
     layer has them (attention_norm_in/out, feed_forward_norm_in/out). Returns x and the weights."""
-    a, weights = grouped_query_attention(apply_norm(x, layer["attention_norm_in"]), **layer["attention"], mask=mask,
-                                         causal=True, positions=positions)
+    a, weights = lm_attention(apply_norm(x, layer["attention_norm_in"]), layer["attention"], mask, positions)
     x = x + apply_norm(a, layer["attention_norm_out"])  # (B, T, d_model)
     f = lm_feed_forward(apply_norm(x, layer["feed_forward_norm_in"]), layer["feed_forward"])
     return x + apply_norm(f, layer["feed_forward_norm_out"]), weights  # (B, T, d_model)
@@ -70,7 +88,8 @@ def transformer_lm(tokens, embedding, layers, norm, *, position_table=None, W_ou
     rope_positions = None if position_table is not None else positions  # (B, T)
     all_weights = []
     for layer in layers:
-        x, weights = lm_block(x, layer, mask, rope_positions if layer["attention"]["rope_base"] else None)
+        turns = layer["attention"].get("rope_base") or layer["attention"].get("kind") == "latent"
+        x, weights = lm_block(x, layer, mask, rope_positions if turns else None)
         all_weights.append(weights)
     h = apply_norm(x, norm)  # (B, T, d_model)
     logits = h @ (embedding.T if W_out is None else as_float_array("W_out", W_out))  # (B, T, V)

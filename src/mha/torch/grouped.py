@@ -396,16 +396,24 @@ class GroupedQueryAttention(nn.Module):
 
     def numpy_params(self):
         """The keyword arguments of `mha.numpy.grouped_query_attention`, in the row-vector convention:
-        grouped_query_attention(X, **module.numpy_params()) computes what the module computes. The NumPy
-        face has no sinks, output gate or shared keys: a layer with one is refused by name."""
-        missing = [name for name, used in (("sinks", self.sinks is not None), ("output_gate", self.output_gate),
-                                           ("own_kv=False", not self.own_kv),
-                                           ("rotary_dim < d_head", self.rotary_dim < self.d_head)) if used]
-        if missing:
-            raise ValueError(f"mha.numpy.grouped_query_attention does not compute {', '.join(missing)}")
+        grouped_query_attention(X, **module.numpy_params()) computes what the module computes (sinks, the
+        output gate as W_g and b_g, a partial RoPE as rotary_dim). A layer without its own keys (own_kv=False)
+        is refused: the NumPy face has no shared keys."""
+        if not self.own_kv:
+            raise ValueError("mha.numpy.grouped_query_attention does not compute own_kv=False (shared keys)")
         layers = {"q": self.W_q, "k": self.W_k, "v": self.W_v, "o": self.W_o}
         params = {f"W_{n}": linear_weight(layer) for n, layer in layers.items()}
         params.update({f"b_{n}": linear_bias(layer) for n, layer in layers.items()})
+        if self.output_gate:  # W_q's rows are, per head, [query | gate]: split into W_q and W_g
+            W = params["W_q"].reshape(self.d_model, self.n_heads, 2, self.d_head)  # (d_model, h, 2, d_head)
+            params["W_q"], params["W_g"] = (W[:, :, i].reshape(self.d_model, -1) for i in (0, 1))
+            if params["b_q"] is not None:
+                b = params["b_q"].reshape(self.n_heads, 2, self.d_head)  # (h, 2, d_head)
+                params["b_q"], params["b_g"] = b[:, 0].reshape(-1), b[:, 1].reshape(-1)
+        if self.sinks is not None:
+            params["sinks"] = self.sinks.detach().cpu().numpy()
+        if self.rotary_dim < self.d_head:
+            params["rotary_dim"] = self.rotary_dim
         params.update(n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, rope_base=self.rope_base,
                       rope_scaling=self.rope_scaling, scale=self.scale, logit_cap=self.logit_cap,
                       sliding_window=self.sliding_window)

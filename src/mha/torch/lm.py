@@ -400,18 +400,32 @@ def norm_params(norm):
 
 
 def block_params(block):
-    """One LMBlock's weights for `mha.numpy.transformer_lm` (which has no mixture of experts)."""
+    """One LMBlock's weights for `mha.numpy.transformer_lm`: its attention (grouped, or {"kind": "latent",
+    "params": ..., "options": ...} for `mha.numpy.latent_attention`), its feed-forward ("mlp", "gated" or
+    "experts", `mha.numpy.mixture_of_experts`'s arguments) and its norms."""
     ff = block.feed_forward
-    if not isinstance(block.attention, GroupedQueryAttention):
-        raise ValueError(f"mha.numpy.transformer_lm has no {type(block.attention).__name__}: it computes "
-                         f"GroupedQueryAttention only")
-    if not isinstance(ff, (FeedForward, GatedFeedForward)):
-        raise ValueError(f"mha.numpy.transformer_lm has no {type(ff).__name__}: it computes dense feed-forwards only")
-    return {"attention": block.attention.numpy_params(),
-            "feed_forward": {"kind": "mlp", **ff.numpy_params()} if isinstance(ff, FeedForward)
-            else {"kind": "gated", **ff.numpy_params()},
+    kind = "mlp" if isinstance(ff, FeedForward) else "gated" if isinstance(ff, GatedFeedForward) else "experts"
+    return {"attention": attention_params(block.attention),
+            "feed_forward": {"kind": kind, **ff.numpy_params()},
             **{name: norm_params(getattr(block, name)) for name in
                ("attention_norm_in", "attention_norm_out", "feed_forward_norm_in", "feed_forward_norm_out")}}
+
+
+def attention_params(attention):
+    """A block's attention for `mha.numpy.transformer_lm`: GroupedQueryAttention's numpy_params, or a latent
+    attention's weights and sizes, as `mha.numpy.latent_attention` takes them."""
+    if isinstance(attention, GroupedQueryAttention):
+        return attention.numpy_params()
+    if type(attention).__name__ != "MultiHeadLatentAttention":
+        raise ValueError(f"mha.numpy.transformer_lm has no {type(attention).__name__}")
+    indexer = attention.indexer
+    options = dict(n_heads=attention.n_heads, qk_nope_head_dim=attention.qk_nope_head_dim,
+                   qk_rope_head_dim=attention.qk_rope_head_dim, v_head_dim=attention.v_head_dim,
+                   rope_base=attention.rope_base, rope_scaling=attention.rope_scaling,
+                   rope_interleave=attention.rope_interleave, scale=attention.scale, norm_eps=attention.kv_norm.eps,
+                   indexer=None if indexer is None else dict(n_heads=indexer.n_heads, head_dim=indexer.head_dim,
+                                                             top_k=indexer.top_k))
+    return {"kind": "latent", "params": attention.numpy_params(), "options": options}
 
 
 def check_lm_tokens(tokens, vocab_size):

@@ -10,17 +10,17 @@ import pytest
 
 from learners import SEEDS
 
-from mha.checks import ch17
+import mha.checks
 from mha.checks.registry import CHECKS, CheckFailed
 
 CHAPTER_17 = ["absorbed_latent_decode", "sink_softmax", "select_top_k_keys", "route_tokens"]
 
 
 def run(name, fn, seed):
-    """check_<name> of mha.checks.ch17 on fn with `seed`; the line it printed (its confirmation)."""
+    """check_<name> of mha.checks (chapter 17's) on fn with `seed`; the line it printed (its confirmation)."""
     printed = io.StringIO()
     with redirect_stdout(printed):
-        getattr(ch17, f"check_{name}")(fn, seed=seed)
+        getattr(mha.checks, f"check_{name}")(fn, seed=seed)
     return printed.getvalue().strip()
 
 

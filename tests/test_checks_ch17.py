@@ -14,7 +14,8 @@ from learners import SEEDS, exercise_texts, hint_of, student_edition
 from solutions_ch17 import CHAPTER_17, FROM_SCRATCH, all_cases, failures_on_every_seed, labelled, run
 
 import mha.numpy as mnp
-from mha.checks import ch17
+import mha.checks
+from mha.checks import ch17_choices
 from mha.checks.reference import reference
 from mha.checks.registry import CHECKS, DTYPE_HINT, expected_answer
 
@@ -300,7 +301,7 @@ TRAPPED = [
 
 @pytest.mark.parametrize("name,fn,hint,case", TRAPPED, ids=[f"{i}-{t[0]}" for i, t in enumerate(TRAPPED)])
 def test_a_trap_fails_on_its_named_case_on_every_seed_with_its_hint(name, fn, hint, case):
-    if getattr(fn, "default_sort", False) and not ch17.DEFAULT_SORT_REORDERS_TIES:
+    if getattr(fn, "default_sort", False) and not ch17_choices.DEFAULT_SORT_REORDERS_TIES:
         pytest.skip("NumPy's default sort keeps the ties' order on this machine: the solution is right here")
     messages = failures_on_every_seed(name, fn)
     assert hint in hint_of(messages[0]), messages[0]
@@ -443,10 +444,11 @@ def test_the_checks_settings():
     for name in CHAPTER_17:
         check = CHECKS[name]
         assert check.float32_promised != (name == TOP_K) and check.packages == () and not check.fresh
-        assert check.make_cases.__module__ == "mha.checks.ch17" and getattr(ch17, f"check_{name}").__name__ == \
+        module = "mha.checks.ch17_choices" if name in (TOP_K, ROUTER) else "mha.checks.ch17"
+        assert check.make_cases.__module__ == module and getattr(mha.checks, f"check_{name}").__name__ == \
             f"check_{name}"
     catalogued = {m.fn.__name__ for name in (TOP_K, ROUTER) for m in CHECKS[name].mistakes}
-    assert {"top_k_keys_unstable", "router_unstable_sort"} <= catalogued or not ch17.DEFAULT_SORT_REORDERS_TIES
+    assert {"top_k_keys_unstable", "router_unstable_sort"} <= catalogued or not ch17_choices.DEFAULT_SORT_REORDERS_TIES
     assert CHECKS[ABSORBED].returns == ("out", "weights") and CHECKS[ROUTER].returns == ("weights", "experts")
     assert {"expanded_latent_decode", "softmax", "scaled_dot_product_attention"} <= set(CHECKS[ABSORBED].absent())
     assert {"softmax", "route_tokens", "scaled_dot_product_attention"} <= set(CHECKS[SINKS].absent())

@@ -19,7 +19,7 @@ imported (`mha.checks.reference`), so reassigning `mha.numpy.softmax` changes
 nothing; and a solution that calls the very function it should replace is refused
 (`mha.checks.own_work`). Each chapter's checks live in `mha.checks.ch01` ...
 `mha.checks.ch17` (chapter 13's in two: `ch13` and `ch13_queries_keys`; chapter 14's in `ch14` and
-`ch14_training`; chapter 15's in `ch15` and `ch15_ranks`), with their
+`ch14_training`; chapter 15's in `ch15` and `ch15_ranks`; chapter 17's in `ch17` and `ch17_choices`), with their
 cases and their catalogue of classic mistakes side by side; what several chapters share is in `mha.checks.common` (no chapter's module imports
 another's); the machinery that registers and runs them is `mha.checks.registry`.
 """
@@ -45,8 +45,8 @@ from mha.checks.ch14_training import check_clip_grad_norm, check_merge_pair, che
 from mha.checks.ch15 import check_all_reduce_bytes, check_merge_partials, check_shard_by_heads
 from mha.checks.ch15_ranks import check_rank_partial_output, check_ring_attention_lists, check_ulysses_all_to_all
 from mha.checks.ch16 import check_dequantize_q4_1
-from mha.checks.ch17 import (check_absorbed_latent_decode, check_route_tokens, check_select_top_k_keys,
-                             check_sink_softmax)
+from mha.checks.ch17 import check_absorbed_latent_decode, check_sink_softmax
+from mha.checks.ch17_choices import check_route_tokens, check_select_top_k_keys
 from mha.checks.registry import CheckFailed
 
 __all__ = [

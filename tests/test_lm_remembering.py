@@ -382,6 +382,12 @@ def test_qwen3_next_and_gemma3n_are_refused_by_model_type():
                                           linear_key_head_dim=8, linear_value_head_dim=8)
     with pytest.raises(ValueError, match="model_type='qwen3_next'"):
         mt.from_transformers(transformers.AutoModelForCausalLM.from_config(config))
+    config = transformers.Gemma3nTextConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                            intermediate_size=16, num_hidden_layers=4, vocab_size=V,
+                                            num_kv_shared_layers=2, hidden_size_per_layer_input=8,
+                                            vocab_size_per_layer_input=V, laurel_rank=4)
+    with pytest.raises(ValueError, match="model_type='gemma3n_text'"):  # its KV sharing, but also AltUp, LAuReL ...
+        mt.from_transformers(transformers.AutoModelForCausalLM.from_config(config))
 
 
 def test_mixtures_that_differ_from_layer_to_layer_are_refused_by_name():

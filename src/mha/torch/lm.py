@@ -234,6 +234,7 @@ class TransformerLM(nn.Module):
         self.blocks = nn.ModuleList(LMBlock(config, i, **options) for i in range(config.n_layers))
         self.kv_sources = tuple(config.kv_source(i) for i in range(config.n_layers))
         self.kv_shared = frozenset(j for i, j in enumerate(self.kv_sources) if j != i)  # layers whose keys are reused
+        self.kv_makers = tuple(sorted(set(self.kv_sources)))  # layers that make (and cache) keys
         self.norm = make_norm(config, **options)
         self.output = None if config.tie_embeddings else \
             nn.Linear(config.d_model, config.vocab_size, bias=False, **options)
@@ -274,7 +275,7 @@ class TransformerLM(nn.Module):
         T = tokens.shape[-1]
         if isinstance(cache, list) and not cache:  # an empty list: filled with new_cache()
             cache.extend(self.new_cache())
-        start = check_cache(cache, len(self.blocks), self.kv_sources)
+        start = check_cache(cache, len(self.blocks), self.kv_makers)
         rope_positions = position_ids  # None: each layer turns by its cache's positions, start .. start + T - 1
         if position_ids is None:
             position_ids = torch.arange(start, start + T, device=tokens.device).expand(tokens.shape)  # (B, T)
@@ -434,15 +435,15 @@ def check_lm_tokens(tokens, vocab_size):
         raise ValueError(f"tokens must have shape (B, T) with T >= 1, got {validate.shape_str(tokens.shape)}")
 
 
-def check_cache(cache, n_layers, kv_sources=None):
+def check_cache(cache, n_layers, makers=None):
     """A cache is one KVCache (or LatentCache) per layer, all at the same position; returns that position (0
-    without one). An empty list is filled with one empty KVCache per layer. kv_sources: the layer whose keys
-    each layer uses (KV sharing); only the caches of the layers that make keys are read."""
+    without one). An empty list is filled with one empty KVCache per layer. makers: the layers that make keys
+    (KV sharing; default all): only their caches are read."""
     if cache is None:
         return 0
     if isinstance(cache, list) and not cache:
         cache.extend(KVCache() for _ in range(n_layers))
-    makers = range(n_layers) if kv_sources is None else sorted(set(kv_sources))
+    makers = range(n_layers) if makers is None else makers
     if not isinstance(cache, (list, tuple)) or len(cache) != n_layers or \
             not all(is_cache(cache[i]) for i in makers):
         raise TypeError(f"cache must be a list of {n_layers} mha.torch.KVCache (model.new_cache()), "

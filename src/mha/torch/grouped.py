@@ -12,17 +12,14 @@ from torch import nn
 
 from mha import rope_scaling as rope_scaling_module
 from mha import validate
-from mha.torch.attention import (
-    linear_bias, linear_weight, merge_heads, scaled_dot_product_attention, soft_cap, split_heads,
-)
+from mha.torch.attention import linear_bias, linear_weight, merge_heads, scaled_dot_product_attention, split_heads
 from mha.torch.cache import KVCache
 from mha.torch.hf import configuration as hf_configuration
 from mha.torch.hf import weights as hf_weights
 from mha.torch.parts import RMSNorm
 from mha.torch.rotary import RotaryTables, apply_rotary, rotary_embedding, rotated_by_signed_sin
-from mha.torch.tensors import (
-    at_least_2d, check_input, check_is_tensor, check_mask_tensor, check_tensor, under_transform,
-)
+from mha.torch.sinks import attention_with_sinks, sink_softmax  # noqa: F401 (sink_softmax: mt's name)
+from mha.torch.tensors import at_least_2d, check_input, check_mask_tensor, check_tensor, under_transform
 
 
 def repeat_kv(x, n_rep):
@@ -84,43 +81,6 @@ def attend_with_cache(q, k, v, past_keys=None, past_values=None, *, causal=False
     out, weights = grouped_attention(q, keys, values, T_past, causal=causal, mask=mask,
                                      return_weights=return_weights)
     return out, weights, keys, values
-
-
-def sink_softmax(scores, sinks):
-    """Weights (..., h, T_q, T_k) from scores (..., h, T_q, T_k) (-inf where masked) and one learned
-    logit per head, sinks (h,), as gpt-oss computes them: w_k = exp(s_k - m) / (exp(sink - m) +
-    sum_j exp(s_j - m)), m the row's max over its scores and the sink. The twin of
-    `mha.numpy.sink_softmax`: rows sum to less than 1, a fully masked row gives zeros."""
-    check_tensor("scores", scores)
-    check_is_tensor("sinks", sinks)
-    if not sinks.is_floating_point():
-        raise TypeError(f"sinks must be a floating-point tensor, got dtype {sinks.dtype}")
-    if scores.dim() < 3:
-        raise ValueError(f"scores must have shape (..., h, T_q, T_k), got {validate.shape_str(scores.shape)}")
-    if tuple(sinks.shape) != (scores.shape[-3],):
-        raise ValueError(f"sinks must have shape (h,) = ({scores.shape[-3]},), one logit per head, "
-                         f"got {validate.shape_str(sinks.shape)}")
-    sink = sinks.to(scores.dtype)[:, None, None]  # (h, 1, 1): the same sink for every row of head i
-    m = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)  # (..., h, T_q, 1)
-    e = (scores - m).exp()  # (..., h, T_q, T_k), 0 where masked (-inf)
-    return e / ((sink - m).exp() + e.sum(dim=-1, keepdim=True))  # (..., h, T_q, T_k)
-
-
-def attention_with_sinks(q, keys, values, mask, sinks, *, scale=None, logit_cap=None):
-    """The explicit attention of `grouped_attention` with gpt-oss's sinks: q (..., h, T_new, d_head), keys
-    and values (..., h, T_k, d_head) (already repeated per query head), mask broadcasting to
-    (..., h, T_new, T_k) or None, sinks (h,). Returns out (..., h, T_new, d_head), weights."""
-    dtype = q.dtype
-    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype  # half: computed in float32
-    q, keys, values = q.to(work), keys.to(work), values.to(work)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = (q @ keys.transpose(-2, -1)) * scale  # (..., h, T_new, T_k)
-    if logit_cap is not None:
-        scores = soft_cap(scores, logit_cap)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = sink_softmax(scores, sinks)  # (..., h, T_new, T_k), rows summing to less than 1
-    return (weights @ values).to(dtype), weights.to(dtype)
 
 
 def grouped_attention(q, keys, values, T_past, *, causal=False, mask=None, window=None, scale=None, logit_cap=None,
@@ -276,7 +236,7 @@ class GroupedQueryAttention(nn.Module):
             return self.attend_shared(x, mask, return_weights, causal, positions, shared_kv)
         if shared_kv is not None:
             raise ValueError("shared_kv is for a layer without its own keys and values (own_kv=False)")
-        q, gate, k, v = self.project_gated(x)  # (..., h, T, d_head), (..., T, h * d_head) or None, (..., h_kv, T, d_head)
+        q, gate, k, v = self.project_gated(x)  # (..., h, T, d_head), gate (..., T, h * d_head) or None, k, v
         T_past = 0 if cache is None else len(cache)
         start = 0 if cache is None else cache.position
         if self.rotary is not None:  # apply_rotary with this layer's stored tables
@@ -294,8 +254,8 @@ class GroupedQueryAttention(nn.Module):
     def attend_shared(self, x, mask, return_weights, causal, positions, shared_kv):
         """The queries of x over an earlier layer's keys and values, shared_kv = (keys, values, start)."""
         if not (isinstance(shared_kv, tuple) and len(shared_kv) == 3):
-            raise ValueError("this layer has no W_k, W_v (own_kv=False): give shared_kv=(keys, values, start), "
-                             f"what the layer it shares with returned from forward_with_kv, got {type(shared_kv).__name__}")
+            raise ValueError("this layer has no W_k, W_v (own_kv=False): give shared_kv=(keys, values, start), what "
+                             f"the layer it shares with returned from forward_with_kv, got {type(shared_kv).__name__}")
         keys, values, start = shared_kv
         q, gate = self.queries(x)  # (..., h, T, d_head), (..., T, h * d_head) or None
         if self.rotary is not None:
@@ -373,10 +333,11 @@ class GroupedQueryAttention(nn.Module):
         (its window), Qwen2 (biases on q, k and v; use_sliding_window), Qwen3 (q_norm, k_norm per
         head), OLMo 2 (over all heads), Gemma 1, Gemma 2 (query_pre_attn_scalar, soft-capping,
         sliding layers), Gemma 3 (a RoPE per layer type), OLMo 1 without clip_qkv, OLMo 3 (its sliding
-        layers), gpt-oss (sinks, sliding layers), and RoPE scaling (linear, dynamic, YaRN, Llama 3).
-        Refused with a ValueError naming the feature, each tested: clip_qkv (OLMo 1),
-        partial_rotary_factor (GLM), other RoPE types, unknown norms. Hugging Face's layouts are read in `mha.torch.hf` (from_transformers reads a whole
-        model's layers the same way)."""
+        layers), gpt-oss (sinks, sliding layers), Qwen3-Next's full-attention layer (output gate,
+        partial RoPE), and RoPE scaling (linear, dynamic, YaRN, Llama 3). Refused with a ValueError
+        naming the feature, each tested: clip_qkv (OLMo 1), GLM's partial RoPE (another layout), other
+        RoPE types, unknown norms. Hugging Face's layouts are read in `mha.torch.hf`
+        (from_transformers reads a whole model's layers the same way)."""
         arguments = hf_configuration.attention_arguments(attention, rope_base)  # sizes and features, or refused
         q_proj = attention.q_proj  # (n_heads * d_head, d_model), as nn.Linear stores it
         ours = cls(q_proj.in_features, **arguments, device=q_proj.weight.device, dtype=q_proj.weight.dtype)

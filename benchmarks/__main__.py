@@ -4,12 +4,12 @@ import argparse
 import sys
 import time
 
-from benchmarks import decoding, distributed, generation, memory, real_model, speed, sweeps, training
+from benchmarks import decoding, distributed, generation, latent_decode, memory, real_model, speed, sweeps, training
 from benchmarks.harness import machine
 
-MODULES = (speed, sweeps, memory, generation, decoding, training, distributed, real_model)
+MODULES = (speed, sweeps, memory, generation, decoding, training, distributed, real_model, latent_decode)
 NAMES = [*speed.TABLES, *sweeps.TABLES, "memory", *generation.TABLES, *decoding.TABLES, *training.TABLES,
-         *distributed.TABLES, *real_model.TABLES]
+         *distributed.TABLES, *real_model.TABLES, *latent_decode.TABLES]
 
 
 def main(argv=None):

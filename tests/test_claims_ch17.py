@@ -10,7 +10,6 @@ trained again here.
 
 import numpy as np
 import pytest
-import torch
 
 import mha.torch as mt
 from mha.experiments import remembering, seeds

@@ -17,6 +17,7 @@ query, the value up-projection into the output, and the T cached latents are rea
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mha import rope_scaling as rope_scaling_module
@@ -305,8 +306,16 @@ class MultiHeadLatentAttention(nn.Module):
         shared = rotary_keys.unsqueeze(-3).expand(*keys_nope.shape[:-1], self.qk_rope_head_dim)  # (..., h, T_k, d_rope)
         q = torch.cat([q_nope, q_rope], dim=-1)  # (..., h, T, d_nope + d_rope)
         keys = torch.cat([keys_nope, shared], dim=-1)  # (..., h, T_k, d_nope + d_rope)
-        return grouped_attention(q, keys, values, T_past, causal=causal, mask=mask, scale=self.scale,
-                                 return_weights=return_weights)
+        d_k, d_v = keys.shape[-1], values.shape[-1]
+        if return_weights or d_k == d_v:
+            return grouped_attention(q, keys, values, T_past, causal=causal, mask=mask, scale=self.scale,
+                                     return_weights=return_weights)
+        # PyTorch's fused kernels take one width for queries, keys and values (else its slow unfused form runs):
+        # zeros added to the narrower side change no score and no output feature (the scale is explicit).
+        width = max(d_k, d_v)
+        q, keys, values = (F.pad(a, (0, width - a.shape[-1])) for a in (q, keys, values))  # (..., ., width)
+        out, _ = grouped_attention(q, keys, values, T_past, causal=causal, mask=mask, scale=self.scale)
+        return out[..., :d_v], None  # (..., h, T, d_v)
 
     def absorbed_step(self, q_nope, q_rope, latents, rotary_keys, mask):
         """One new token per sequence over the held latents, in the absorbed form. Returns out

@@ -44,7 +44,7 @@ COLUMNS = ["threads", "prompt T", "new tokens", "phase", "ours (ms)", "generate(
 
 
 def deepseek_config(size):
-    """A DeepseekV3Config of `size`: no end-of-text token to stop at, eager attention, the routing bias set."""
+    """A DeepseekV3Config of `size`: no end-of-text token to stop at, sdpa attention (its default)."""
     from transformers import DeepseekV3Config
 
     config = DeepseekV3Config(
@@ -55,7 +55,7 @@ def deepseek_config(size):
         first_k_dense_replace=1, q_lora_rank=size["q_lora_rank"], kv_lora_rank=size["kv_lora_rank"],
         qk_nope_head_dim=size["nope"], qk_rope_head_dim=size["rope"], v_head_dim=size["v"],
         bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    config._attn_implementation = "eager"
+    config._attn_implementation = "sdpa"
     return config
 
 
@@ -82,7 +82,7 @@ def generate_table(size):
                             **{key: size[key] for key in ("vocab", "d_model", "layers", "heads", "q_lora_rank",
                                                           "kv_lora_rank", "nope", "rope", "v", "d_ff", "d_expert",
                                                           "experts", "top_k", "groups", "top_groups", "shared")},
-                            "attn_implementation": "eager", "device": "cpu"},
+                            "attn_implementation": "sdpa", "device": "cpu"},
                   notes="transformers' DeepseekV3ForCausalLM with random weights (its experts' routing bias drawn "
                         "too) and our copy, mha.torch.from_transformers(model) (a TransformerLM with "
                         "MultiHeadLatentAttention: the cache holds the latent and the rotary key, decoding runs in "

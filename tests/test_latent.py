@@ -210,6 +210,33 @@ def test_arguments_refuse_what_is_not_computed():
         our_copy(deepseek_layer()[0])(torch.randn(1, 2, D_MODEL), cache=mt.KVCache())
 
 
+def test_the_config_s_default_key_value_heads_are_read_as_one_per_head():
+    """DeepseekV3Config keeps num_key_value_heads=128 unless told otherwise: a tiny model of 4 heads built without
+    setting it runs in transformers' sdpa as one key and value per query head (its eager path fails on it), and
+    is copied: logits and greedy tokens as transformers' own."""
+    from transformers import DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                              num_attention_heads=4, kv_lora_rank=8, q_lora_rank=12, qk_nope_head_dim=4,
+                              qk_rope_head_dim=4, v_head_dim=4, first_k_dense_replace=2)
+    assert config.num_key_value_heads == 128
+    torch.manual_seed(0)
+    model = DeepseekV3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():  # larger than the initialisation: greedy choices clear of ties
+            parameter.normal_(0.0, 0.3)
+    tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    ours = mt.from_transformers(model)
+    with torch.no_grad():
+        theirs = model(tokens).logits
+        assert (ours(tokens) - theirs).abs().max() <= 1e-5 * theirs.abs().max()
+        prompt = tokens[:, :3]
+        expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False)
+        top_two = model(expected).logits[:, 2:-1].topk(2, dim=-1).values  # (B, 6, 2): each greedy choice's lead
+    assert float((top_two[..., 0] - top_two[..., 1]).min()) > 1e-3
+    assert torch.equal(ours.generate(prompt, 6), expected)
+
+
 FACE_CASES = [dict(), dict(q_lora_rank=12, rope_interleave=True, bias=True),
               dict(q_lora_rank=12, rope_scaling=YARN, indexer=dict(n_heads=16, head_dim=8, top_k=3))]
 

@@ -29,8 +29,11 @@ def check_latent_attention(attention):
 def refused_features(attention):
     """What the layer does that MultiHeadLatentAttention does not compute, in words."""
     config, found = attention.config, []
-    if config.num_key_value_heads != config.num_attention_heads:
-        found.append(f"num_key_value_heads={config.num_key_value_heads} != num_attention_heads="
+    # The latent's keys and values are made for every query head, so num_key_value_heads plays no part, but a
+    # value below the heads makes transformers repeat keys that already are per head (its own forward fails).
+    # DeepseekV3Config's default (128) above a tiny model's heads is read as one key per head, as its sdpa does.
+    if config.num_key_value_heads < config.num_attention_heads:
+        found.append(f"num_key_value_heads={config.num_key_value_heads} < num_attention_heads="
                      f"{config.num_attention_heads} (the latent's keys are per query head)")
     eps = {attention.kv_a_layernorm.variance_epsilon}
     if attention.q_lora_rank is not None:

@@ -220,7 +220,7 @@ def test_the_config_s_default_key_value_heads_are_read_as_one_per_head():
                               num_attention_heads=4, kv_lora_rank=8, q_lora_rank=12, qk_nope_head_dim=4,
                               qk_rope_head_dim=4, v_head_dim=4, first_k_dense_replace=2)
     assert config.num_key_value_heads == 128
-    torch.manual_seed(0)
+    torch.manual_seed(1)  # seed 0 draws a greedy step whose two best logits are 1e-4 apart: not a test of the copy
     model = DeepseekV3ForCausalLM(config).eval()
     with torch.no_grad():
         for parameter in model.parameters():  # larger than the initialisation: greedy choices clear of ties

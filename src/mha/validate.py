@@ -313,3 +313,30 @@ def check_top_p(top_p):
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1):
         raise ValueError(f"top_p must be None (no filter) or a number in (0, 1], got {top_p!r}")
     return None if top_p is None else float(top_p)
+
+
+EXPERT_SCORINGS = ("softmax", "sigmoid")  # a router's scores: a softmax over the experts, or a sigmoid each
+
+
+def check_routing(n_experts, top_k, scoring, normalize):
+    """A router's settings: scoring "softmax" or "sigmoid", normalize a bool, 1 <= top_k <= n_experts."""
+    if scoring not in EXPERT_SCORINGS:
+        raise ValueError(f'scoring must be "softmax" or "sigmoid", got {scoring!r}')
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be True or False, got {normalize!r}")
+    check_int("top_k", top_k)
+    if top_k > n_experts:
+        raise ValueError(f"top_k={top_k} is more than the {n_experts} experts")
+
+
+def check_groups(n_experts, n_groups, top_groups):
+    """Group-limited routing's settings: n_groups equal groups of at least 2 experts, top_groups <= n_groups."""
+    check_int("n_groups", n_groups)
+    check_int("top_groups", top_groups)
+    if n_experts % n_groups:
+        raise ValueError(f"{n_experts} experts do not split into n_groups={n_groups} equal groups")
+    if n_groups > 1 and n_experts // n_groups < 2:
+        raise ValueError(f"a group's score sums its two best experts, but n_groups={n_groups} leaves "
+                         f"{n_experts // n_groups} expert per group")
+    if top_groups > n_groups:
+        raise ValueError(f"top_groups={top_groups} is more than n_groups={n_groups}")

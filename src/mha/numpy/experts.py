@@ -25,18 +25,8 @@ from mha import validate
 from mha.numpy.attention import as_float_array, project, softmax
 from mha.numpy.parts import gated_feed_forward, silu
 
-SCORINGS = ("softmax", "sigmoid")
+SCORINGS = validate.EXPERT_SCORINGS
 EXPERTS = ("swiglu", "clamped_swiglu")
-
-
-def check_routing(n_experts, top_k, scoring, normalize):
-    if scoring not in SCORINGS:
-        raise ValueError(f'scoring must be "softmax" or "sigmoid", got {scoring!r}')
-    if not isinstance(normalize, bool):
-        raise TypeError(f"normalize must be True or False, got {normalize!r}")
-    validate.check_int("top_k", top_k)
-    if top_k > n_experts:
-        raise ValueError(f"top_k={top_k} is more than the {n_experts} experts")
 
 
 def sigmoid(x):
@@ -70,7 +60,7 @@ def route_tokens(logits, top_k, *, scoring="softmax", normalize=False, bias=None
     """
     logits = as_float_array("logits", logits)
     validate.check_ndim("logits", logits, 1)
-    check_routing(logits.shape[-1], top_k, scoring, normalize)
+    validate.check_routing(logits.shape[-1], top_k, scoring, normalize)
     scores = expert_scores(logits, scoring)  # (..., n_experts)
     choice = scores if bias is None else scores + correction(bias, logits)
     experts = top_k_experts(choice, top_k)  # (..., top_k)
@@ -97,7 +87,7 @@ def group_limited_experts(choice, n_groups, top_groups):
     """
     choice = as_float_array("choice", choice)
     n_experts = choice.shape[-1]
-    check_groups(n_experts, n_groups, top_groups)
+    validate.check_groups(n_experts, n_groups, top_groups)
     grouped = choice.reshape(*choice.shape[:-1], n_groups, n_experts // n_groups)  # (..., groups, per group)
     best_two = -np.sort(-grouped, axis=-1)[..., :2]  # (..., groups, 2)
     chosen_groups = top_k_experts(best_two.sum(axis=-1), top_groups)  # (..., top_groups)
@@ -106,24 +96,12 @@ def group_limited_experts(choice, n_groups, top_groups):
     return np.repeat(allowed, n_experts // n_groups, axis=-1)  # (..., n_experts)
 
 
-def check_groups(n_experts, n_groups, top_groups):
-    validate.check_int("n_groups", n_groups)
-    validate.check_int("top_groups", top_groups)
-    if n_experts % n_groups:
-        raise ValueError(f"{n_experts} experts do not split into n_groups={n_groups} equal groups")
-    if n_groups > 1 and n_experts // n_groups < 2:
-        raise ValueError(f"a group's score sums its two best experts, but n_groups={n_groups} leaves "
-                         f"{n_experts // n_groups} expert per group")
-    if top_groups > n_groups:
-        raise ValueError(f"top_groups={top_groups} is more than n_groups={n_groups}")
-
-
 def route_tokens_in_groups(logits, top_k, *, n_groups, top_groups, scoring="sigmoid", normalize=True, bias=None):
     """`route_tokens` where each token chooses only among the experts of its top_groups best groups
     (`group_limited_experts` on the biased scores), as DeepSeek-V3 routes. Returns weights and experts."""
     logits = as_float_array("logits", logits)
     validate.check_ndim("logits", logits, 1)
-    check_routing(logits.shape[-1], top_k, scoring, normalize)
+    validate.check_routing(logits.shape[-1], top_k, scoring, normalize)
     scores = expert_scores(logits, scoring)  # (..., n_experts)
     choice = scores if bias is None else scores + correction(bias, logits)
     allowed = group_limited_experts(choice, n_groups, top_groups)  # (..., n_experts)

@@ -26,19 +26,9 @@ from mha.torch.hf import experts as hf_experts
 from mha.torch.parts import GatedFeedForward
 from mha.torch.tensors import check_input, check_is_tensor
 
-SCORINGS = ("softmax", "sigmoid")
+SCORINGS = validate.EXPERT_SCORINGS
 EXPERTS = ("swiglu", "clamped_swiglu")
 HALF = (torch.float16, torch.bfloat16)
-
-
-def check_routing(n_experts, top_k, scoring, normalize):
-    if scoring not in SCORINGS:
-        raise ValueError(f'scoring must be "softmax" or "sigmoid", got {scoring!r}')
-    if not isinstance(normalize, bool):
-        raise TypeError(f"normalize must be True or False, got {normalize!r}")
-    validate.check_int("top_k", top_k)
-    if top_k > n_experts:
-        raise ValueError(f"top_k={top_k} is more than the {n_experts} experts")
 
 
 def check_logits(logits):
@@ -74,7 +64,7 @@ def route_tokens(logits, top_k, *, scoring="softmax", normalize=False, bias=None
     Returns weights (..., top_k) and experts (..., top_k) int64.
     """
     check_logits(logits)
-    check_routing(logits.shape[-1], top_k, scoring, normalize)
+    validate.check_routing(logits.shape[-1], top_k, scoring, normalize)
     scores = expert_scores(logits, scoring)  # (..., n_experts)
     choice = scores if bias is None else scores + correction(bias, logits)
     experts = top_k_experts(choice, top_k)  # (..., top_k)
@@ -82,18 +72,6 @@ def route_tokens(logits, top_k, *, scoring="softmax", normalize=False, bias=None
     if normalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, experts
-
-
-def check_groups(n_experts, n_groups, top_groups):
-    validate.check_int("n_groups", n_groups)
-    validate.check_int("top_groups", top_groups)
-    if n_experts % n_groups:
-        raise ValueError(f"{n_experts} experts do not split into n_groups={n_groups} equal groups")
-    if n_groups > 1 and n_experts // n_groups < 2:
-        raise ValueError(f"a group's score sums its two best experts, but n_groups={n_groups} leaves "
-                         f"{n_experts // n_groups} expert per group")
-    if top_groups > n_groups:
-        raise ValueError(f"top_groups={top_groups} is more than n_groups={n_groups}")
 
 
 def group_limited_experts(choice, n_groups, top_groups):
@@ -104,7 +82,7 @@ def group_limited_experts(choice, n_groups, top_groups):
     Returns a boolean (..., n_experts).
     """
     n_experts = choice.shape[-1]
-    check_groups(n_experts, n_groups, top_groups)
+    validate.check_groups(n_experts, n_groups, top_groups)
     grouped = choice.unflatten(-1, (n_groups, n_experts // n_groups))  # (..., groups, per group)
     best_two = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values  # (..., groups, 2)
     chosen_groups = top_k_experts(best_two.sum(dim=-1), top_groups)  # (..., top_groups)
@@ -116,7 +94,7 @@ def group_limited_experts(choice, n_groups, top_groups):
 def route_tokens_in_groups(logits, top_k, *, n_groups, top_groups, scoring="sigmoid", normalize=True, bias=None):
     """`route_tokens` among the experts of each token's top_groups best groups (DeepSeek-V3)."""
     check_logits(logits)
-    check_routing(logits.shape[-1], top_k, scoring, normalize)
+    validate.check_routing(logits.shape[-1], top_k, scoring, normalize)
     scores = expert_scores(logits, scoring)  # (..., n_experts)
     choice = scores if bias is None else scores + correction(bias, logits)
     allowed = group_limited_experts(choice, n_groups, top_groups)  # (..., n_experts)
@@ -206,8 +184,8 @@ class MixtureOfExperts(nn.Module):
         for name, value in (("d_model", d_model), ("n_experts", n_experts), ("d_expert", d_expert)):
             validate.check_int(name, value)
         validate.check_int("n_shared", n_shared, minimum=0)
-        check_routing(n_experts, top_k, scoring, normalize)
-        check_groups(n_experts, n_groups, top_groups)
+        validate.check_routing(n_experts, top_k, scoring, normalize)
+        validate.check_groups(n_experts, n_groups, top_groups)
         check_expert(expert, swiglu_limit, swiglu_alpha)
         for name, value in (("correction_bias", correction_bias), ("router_bias", router_bias),
                             ("shared_gate", shared_gate), ("expert_bias", expert_bias)):

@@ -5,7 +5,9 @@
 attention layer, the blocks with their norms where the family puts them, the final norm, the
 output layer (the embeddings' transpose when tied) and Gemma 2's final soft cap; and chapter 17's
 parts where the NumPy face has them: attention sinks, Qwen3-Next's output gate, DeepSeek's latent attention
-(`latent_attention`, with its indexer) and the mixture of experts (`mixture_of_experts`).
+(`latent_attention`, with its indexer) and the mixture of experts (`mixture_of_experts`); and chapter 18's
+hybrids (Qwen3-Next, Qwen3.5), whose linear layers are Gated DeltaNets (`gated_delta_net`, prefill from an empty
+state, padded inputs zeroed).
 """
 
 import numpy as np
@@ -40,9 +42,13 @@ def lm_feed_forward(x, params):
     return gated_feed_forward(x, **params)
 
 
-def lm_attention(x, params, mask=None, positions=None):
-    """Causal self-attention: grouped-query attention, or DeepSeek's latent attention ({"kind": "latent",
-    "params", "options"}: `latent_attention`, positions 0 .. T - 1)."""
+def lm_attention(x, params, mask=None, positions=None, keep=None):
+    """Causal self-attention: grouped-query attention, DeepSeek's latent attention ({"kind": "latent",
+    "params", "options"}: `latent_attention`, positions 0 .. T - 1), or a linear layer ({"kind": "linear",
+    "params", "options"}: `gated_delta_net`, keep (B, T) its padding, no weights)."""
+    if params.get("kind") == "linear":
+        from mha.numpy.delta import gated_delta_net  # TODO(#42): at the top once delta.py lands
+        return gated_delta_net(x, params["params"], **params["options"], keep=keep), None
     if params.get("kind") == "latent":
         if positions is not None and not np.array_equal(positions, np.broadcast_to(np.arange(x.shape[-2]),
                                                                                      positions.shape)):
@@ -51,10 +57,10 @@ def lm_attention(x, params, mask=None, positions=None):
     return grouped_query_attention(x, **params, mask=mask, causal=True, positions=positions)
 
 
-def lm_block(x, layer, mask=None, positions=None):
+def lm_block(x, layer, mask=None, positions=None, keep=None):
     """One block: causal self-attention and a feed-forward, each added to x, norms where the
     layer has them (attention_norm_in/out, feed_forward_norm_in/out). Returns x and the weights."""
-    a, weights = lm_attention(apply_norm(x, layer["attention_norm_in"]), layer["attention"], mask, positions)
+    a, weights = lm_attention(apply_norm(x, layer["attention_norm_in"]), layer["attention"], mask, positions, keep)
     x = x + apply_norm(a, layer["attention_norm_out"])  # (B, T, d_model)
     f = lm_feed_forward(apply_norm(x, layer["feed_forward_norm_in"]), layer["feed_forward"])
     return x + apply_norm(f, layer["feed_forward_norm_out"]), weights  # (B, T, d_model)
@@ -68,7 +74,7 @@ def transformer_lm(tokens, embedding, layers, norm, *, position_table=None, W_ou
     norm: the final norm; position_table: (max_len, d_model) learned positions, or None;
     W_out: (d_model, V), or None for the embeddings' transpose (tied). attention_mask: (B, T),
     1 for real tokens; position_ids: (B, T), default 0 .. T - 1. With return_weights, also
-    every layer's attention weights, (n_layers, B, h, T, T).
+    every layer's attention weights, (n_layers, B, h, T, T) (not for a hybrid: its linear layers have none).
     """
     tokens = np.asarray(tokens)
     if tokens.dtype.kind not in "iu" or tokens.ndim != 2:
@@ -84,12 +90,17 @@ def transformer_lm(tokens, embedding, layers, norm, *, position_table=None, W_ou
         x = x * x.dtype.type(embedding_scale)  # rounded to the embeddings' dtype, as Gemma does
     if position_table is not None:
         x = x + as_float_array("position_table", position_table)[positions]  # (B, T, d_model)
-    mask = None if attention_mask is None else np.asarray(attention_mask).astype(bool)[:, None, None, :]
+    keep = None if attention_mask is None else np.asarray(attention_mask).astype(bool)  # (B, T)
+    mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, T)
+    linear = [i for i, layer in enumerate(layers) if layer["attention"].get("kind") == "linear"]
+    if linear and return_weights:
+        raise ValueError(f"return_weights=True is for attention layers; layers {linear} are linear (a Gated "
+                         f"DeltaNet's state, no T x T weights): call without it")
     rope_positions = None if position_table is not None else positions  # (B, T)
     all_weights = []
     for layer in layers:
         turns = layer["attention"].get("rope_base") or layer["attention"].get("kind") == "latent"
-        x, weights = lm_block(x, layer, mask, rope_positions if turns else None)
+        x, weights = lm_block(x, layer, mask, rope_positions if turns else None, keep)
         all_weights.append(weights)
     h = apply_norm(x, norm)  # (B, T, d_model)
     logits = h @ (embedding.T if W_out is None else as_float_array("W_out", W_out))  # (B, T, V)

@@ -24,8 +24,10 @@ The modules, each importing only those above it:
     latent     multi-head latent attention (DeepSeek-V2/V3), its latent cache and the absorbed decode (chapter 17)
     positions  LearnedPositions, SinusoidalPositions and ALiBi's bias (chapter 10)
     model      DecoderOnlyTransformer (a small GPT), its loss, warm-up and greedy generation (chapter 11)
+    lm_inputs  what TransformerLM.forward accepts, checked, and each layer's mask (chapters 13, 17, 18)
     lm         TransformerLM and LMConfig: GPT-2, Llama, Mistral, Qwen, Gemma, OLMo 2 from our parts, and
-               from_transformers: a Hugging Face causal LM copied into a TransformerLM (chapter 13)
+               from_transformers: a Hugging Face causal LM copied into a TransformerLM (chapter 13); the hybrids
+               Qwen3-Next and Qwen3.5, whose linear layers are Gated DeltaNets (chapter 18)
     quantization  a GGUF file's Q4_1 and Q8_0 blocks on tensors (chapter 16)
 Import the face, not the modules: `import mha.torch as mt`.
 """

@@ -2,11 +2,13 @@
 
 `TransformerLM` is one decoder-only model that becomes GPT-2, Llama, Mistral, Qwen2, Qwen3,
 Gemma 2, Gemma 3 or OLMo 2 by its `LMConfig` (and, chapter 17, OLMo 3, gpt-oss, Qwen3-MoE, DeepSeek-V3 and
-DeepSeek-V3.2: attention sinks, DeepSeek's latent attention, experts, and cross-layer KV sharing): token
+DeepSeek-V3.2: attention sinks, DeepSeek's latent attention, experts, and cross-layer KV sharing; chapter 18,
+the hybrids Qwen3-Next and Qwen3.5, whose "linear" layers are Gated DeltaNets with a state of fixed size): token
 embeddings (scaled by sqrt(d_model) in Gemma),
 learned positions (GPT-2) or RoPE inside attention (the others), a stack of `LMBlock`s, a
 final norm, an output layer (tied to the embeddings where the model ties them) and Gemma 2's
-final soft-cap. Each block is a `GroupedQueryAttention` (or DeepSeek's `MultiHeadLatentAttention`) and a
+final soft-cap. Each block is a `GroupedQueryAttention` (or DeepSeek's `MultiHeadLatentAttention`, or a
+`GatedDeltaNet` where `LMConfig.layer_types` says "linear") and a
 feed-forward (`FeedForward` with tanh GELU for GPT-2, `GatedFeedForward` for the others, `MixtureOfExperts`
 where the model routes tokens to experts), with its norms placed as the model
 places them: before each sublayer (pre-norm: GPT-2, Llama), before and after it (Gemma 2
@@ -24,13 +26,16 @@ from torch import nn
 from mha import validate
 from mha.torch.attention import linear_bias, linear_weight, soft_cap
 from mha.torch.blocks import FeedForward
-from mha.torch.cache import KVCache, cache_bytes
+from mha.torch.cache import cache_bytes
 from mha.torch.grouped import GroupedQueryAttention
 from mha.torch.hf import configuration as hf_configuration
 from mha.torch.hf import families as hf_families
 from mha.torch.hf import weights as hf_weights
 from mha.torch.lm_config import LMConfig
-from mha.torch.model import check_head_mask, check_ids, check_prompt
+from mha.torch.lm_inputs import (
+    check_attention_mask, check_cache, check_lm_tokens, check_positions, layer_mask, linear_keep, positions_from_mask,
+)
+from mha.torch.model import check_head_mask, check_prompt
 from mha.torch.parts import GatedFeedForward, RMSNorm
 
 def make_norm(config, device=None, dtype=None):
@@ -47,7 +52,12 @@ class LMBlock(nn.Module):
     def __init__(self, config, layer, *, device=None, dtype=None):
         super().__init__()
         options = dict(device=device, dtype=dtype)
-        if config.attention_type == "latent":
+        self.linear = config.is_linear(layer)
+        self.linear_options = dict(config.linear_attention) if self.linear else None
+        if self.linear:
+            from mha.torch.delta import GatedDeltaNet  # chapter 18's layer, imported when used
+            self.attention = GatedDeltaNet(config.d_model, **config.linear_attention, **options)
+        elif config.attention_type == "latent":
             from mha.torch.latent import MultiHeadLatentAttention  # part of the same library, imported when used
             self.attention = MultiHeadLatentAttention(config.d_model, **config.layer(layer), **options)
         else:
@@ -70,13 +80,17 @@ class LMBlock(nn.Module):
         self.feed_forward_norm_out = make_norm(config, **options) if norm_out else None
 
     def forward(self, x, mask=None, *, cache=None, positions=None, return_weights=False, shared_kv=None,
-                return_kv=False):
+                return_kv=False, keep=None):
         """x: (..., T, d_model) -> (x, weights (..., h, T, T_k) or None). The attention is causal.
         KV sharing: shared_kv, an earlier layer's (keys, values, start), for a layer without its own;
-        return_kv=True returns (x, weights, (keys, values, start)) of this layer's attention."""
+        return_kv=True returns (x, weights, (keys, values, start)) of this layer's attention.
+        A linear layer (GatedDeltaNet) takes keep, this call's padding (B, T) (True = real token) or None,
+        instead of mask and positions; it has no weights (None) and its cache is its StateCache."""
         a = x if self.attention_norm_in is None else self.attention_norm_in(x)
         kv = None
-        if return_kv or shared_kv is not None:
+        if self.linear:
+            a, weights = self.attention(a, keep=keep, cache=cache), None  # (..., T, d_model)
+        elif return_kv or shared_kv is not None:
             a, weights, kv = self.attention.forward_with_kv(a, mask, return_weights, causal=True, cache=cache,
                                                             positions=positions, shared_kv=shared_kv)
         else:
@@ -97,9 +111,12 @@ class TransformerLM(nn.Module):
     over the cached tokens and the new ones (T_all = cache position + T), as in transformers.
     position_ids: (B, T); default cache position + 0 .. T - 1, as transformers' forward (`generate`
     derives them from the mask). cache: `new_cache()` (or an empty list, filled), one KVCache per
-    layer, which the forward fills; a layer with a sliding window keeps only its window.
+    layer, which the forward fills; a layer with a sliding window keeps only its window; a linear layer
+    (a hybrid's GatedDeltaNet) holds a StateCache of fixed size and gets this call's padding mask (its padded
+    inputs zeroed, as transformers does; none for one decoded token).
     head_mask: booleans (n_layers, h), False switching a head off. last_only: the logits of the last
     position only, (B, 1, V): all that the next token needs (transformers' logits_to_keep=1).
+    return_weights and head_mask are for models whose every layer is attention (a hybrid refuses them).
     """
 
     def __init__(self, config, *, device=None, dtype=None):
@@ -131,13 +148,16 @@ class TransformerLM(nn.Module):
 
     @property
     def n_heads(self):
-        return self.blocks[0].attention.n_heads
+        """The heads of the full-attention layers (a hybrid's linear layers have heads of their own)."""
+        full = [block for block in self.blocks if not block.linear]
+        return full[0].attention.n_heads if full else None
 
     def new_cache(self):
-        """One empty cache per layer, as each attention layer makes it (`new_cache()`: a KVCache, or a
-        LatentCache for latent attention). A layer that shares an earlier layer's keys and values (kv_sharing)
-        holds none of its own: its entry is its source's cache, the same object, so that
-        `mha.torch.cache_bytes(cache)` counts the bytes of the layers that make keys, once each."""
+        """One empty cache per layer, as each attention layer makes it (`new_cache()`: a KVCache, a
+        LatentCache for latent attention, a StateCache of fixed size for a linear layer). A layer that shares an
+        earlier layer's keys and values (kv_sharing) holds none of its own: its entry is its source's cache, the
+        same object, so that `mha.torch.cache_bytes(cache)` counts the bytes of the layers that make keys (and
+        the linear layers' states), once each."""
         caches = [block.attention.new_cache() for block in self.blocks]
         return [caches[j] for j in self.kv_sources]
 
@@ -162,6 +182,7 @@ class TransformerLM(nn.Module):
             position_ids = torch.arange(start, start + T, device=tokens.device).expand(tokens.shape)  # (B, T)
         check_positions(position_ids, tokens, self.config.max_positions)
         keep = check_attention_mask(attention_mask, tokens, start)  # (B, T_all) booleans, or None
+        self.check_linear_options(return_weights, head_mask)
         if head_mask is not None:
             check_head_mask(head_mask, len(self.blocks), self.n_heads, tokens)
         x = self.embed(tokens, position_ids)  # (B, T, d_model)
@@ -169,7 +190,9 @@ class TransformerLM(nn.Module):
         all_weights, shared = [], {}  # shared: layer -> (keys, values, start, first held position) for its sharers
         for i, block in enumerate(self.blocks):
             source = self.kv_sources[i]
-            if source != i:  # KV sharing: this layer attends to its source's keys and values of this call
+            if block.linear:  # a Gated DeltaNet: this call's padding zeroes its inputs; its cache is a state
+                x, weights = block(x, cache=None if cache is None else cache[i], keep=linear_keep(keep, T))
+            elif source != i:  # KV sharing: this layer attends to its source's keys and values of this call
                 keys, values, kv_start, first = shared[source]
                 mask = layer_mask(keep, None, head_mask, i, first=first)  # (B, 1 or h, 1, T_k) or None
                 x, weights = block(x, mask, positions=rope_positions, return_weights=return_weights,
@@ -190,6 +213,14 @@ class TransformerLM(nn.Module):
             x = x[:, -1:]  # (B, 1, d_model)
         logits = self.logits(self.norm(x))  # (B, T or 1, V)
         return (logits, torch.stack(all_weights)) if return_weights else logits
+
+    def check_linear_options(self, return_weights, head_mask):
+        """A hybrid's linear layers have no attention weights to return and no heads of the full layers' kind."""
+        linear = [i for i, block in enumerate(self.blocks) if block.linear]
+        if linear and (return_weights or head_mask is not None):
+            asked = "return_weights=True" if return_weights else "a head_mask"
+            raise ValueError(f"{asked} is for attention layers; layers {linear} are linear (GatedDeltaNet), "
+                             f"which compute no T x T weights: call without it")
 
     def embed(self, tokens, position_ids):
         """Token embeddings (scaled by embedding_scale in Gemma), plus learned positions (GPT-2)."""
@@ -251,8 +282,9 @@ def from_transformers(model):
     dtype): GPT2LMHeadModel, LlamaForCausalLM, and the Mistral, Qwen2, Qwen3, Gemma, Gemma 2,
     Gemma 3 (text) and OLMo 2 causal LMs (tests/test_lm.py); OLMo 3 (per-layer windows), gpt-oss (sinks,
     alternating windows, clamped SwiGLU experts), Qwen3-MoE, DeepSeek-V3 (latent attention, group-limited
-    experts) and DeepSeek-V3.2 (with the lightning indexer) (tests/test_lm_remembering.py). Its logits equal
-    the model's.
+    experts) and DeepSeek-V3.2 (with the lightning indexer) (tests/test_lm_remembering.py); the hybrids
+    Qwen3-Next (Gated DeltaNet and gated attention, experts with a shared expert) and Qwen3.5's text model
+    (Qwen3_5ForCausalLM, dense) (tests/test_lm_hybrid.py). Its logits equal the model's.
 
     One path for every family (`mha.torch.hf`): the configuration is read into an LMConfig, each
     attention layer as `GroupedQueryAttention.from_llama` reads it; the model is built from it once,
@@ -283,14 +315,25 @@ def norm_params(norm):
 
 def block_params(block):
     """One LMBlock's weights for `mha.numpy.transformer_lm`: its attention (grouped, or {"kind": "latent",
-    "params": ..., "options": ...} for `mha.numpy.latent_attention`), its feed-forward ("mlp", "gated" or
+    "params": ..., "options": ...} for `mha.numpy.latent_attention`, or {"kind": "linear", ...} for
+    `mha.numpy.gated_delta_net`), its feed-forward ("mlp", "gated" or
     "experts", `mha.numpy.mixture_of_experts`'s arguments) and its norms."""
     ff = block.feed_forward
     kind = "mlp" if isinstance(ff, FeedForward) else "gated" if isinstance(ff, GatedFeedForward) else "experts"
-    return {"attention": attention_params(block.attention),
+    attention = linear_params(block) if block.linear else attention_params(block.attention)
+    return {"attention": attention,
             "feed_forward": {"kind": kind, **ff.numpy_params()},
             **{name: norm_params(getattr(block, name)) for name in
                ("attention_norm_in", "attention_norm_out", "feed_forward_norm_in", "feed_forward_norm_out")}}
+
+
+def linear_params(block):
+    """A linear layer's GatedDeltaNet for `mha.numpy.gated_delta_net`: {"kind": "linear", "params": its
+    numpy_params(), "options": its sizes and norm_eps, as the block's LMConfig.linear_attention gave them}."""
+    options = {name: block.linear_options[name] for name in
+               ("n_key_heads", "n_value_heads", "key_head_dim", "value_head_dim")}
+    options["norm_eps"] = block.linear_options.get("norm_eps", 1e-6)
+    return {"kind": "linear", "params": block.attention.numpy_params(), "options": options}
 
 
 def attention_params(attention):
@@ -309,74 +352,3 @@ def attention_params(attention):
                                                              top_k=indexer.top_k))
     return {"kind": "latent", "params": attention.numpy_params(), "options": options}
 
-
-def check_lm_tokens(tokens, vocab_size):
-    check_ids("tokens", tokens, vocab_size)
-    if tokens.ndim != 2 or tokens.shape[-1] < 1:
-        raise ValueError(f"tokens must have shape (B, T) with T >= 1, got {validate.shape_str(tokens.shape)}")
-
-
-def check_cache(cache, n_layers, makers=None):
-    """A cache is one KVCache (or LatentCache) per layer, all at the same position; returns that position (0
-    without one). An empty list is filled with one empty KVCache per layer. makers: the layers that make keys
-    (KV sharing; default all): only their caches are read."""
-    if cache is None:
-        return 0
-    if isinstance(cache, list) and not cache:
-        cache.extend(KVCache() for _ in range(n_layers))
-    makers = range(n_layers) if makers is None else makers
-    if not isinstance(cache, (list, tuple)) or len(cache) != n_layers or \
-            not all(is_cache(cache[i]) for i in makers):
-        raise TypeError(f"cache must be a list of {n_layers} mha.torch.KVCache (model.new_cache()), "
-                        f"got {type(cache).__name__}")
-    positions = {cache[i].position for i in makers}
-    if len(positions) != 1:
-        raise ValueError(f"the layers' caches are at different positions {sorted(positions)}: use one "
-                         f"model.new_cache() per sequence")
-    return positions.pop()
-
-
-def check_positions(position_ids, tokens, max_positions):
-    if tuple(position_ids.shape) != tuple(tokens.shape) or position_ids.is_floating_point():
-        raise ValueError(f"position_ids must be integers of the tokens' shape {validate.shape_str(tokens.shape)}, "
-                         f"got {position_ids.dtype} of shape {validate.shape_str(position_ids.shape)}")
-    if max_positions is not None and position_ids.numel() and int(position_ids.max()) >= max_positions:
-        raise ValueError(f"position {int(position_ids.max())} is past the learned table's {max_positions} rows")
-
-
-def check_attention_mask(attention_mask, tokens, start):
-    """(B, start + T) of 0 and 1 (or booleans) -> booleans, True for real tokens; None stays None."""
-    if attention_mask is None:
-        return None
-    expected = (*tokens.shape[:-1], start + tokens.shape[-1])
-    if tuple(attention_mask.shape) != expected or attention_mask.is_floating_point():
-        raise ValueError(f"attention_mask must be 0/1 integers or booleans of shape (B, cached + new tokens) = "
-                         f"{expected}, got {attention_mask.dtype} of shape {validate.shape_str(attention_mask.shape)}")
-    if attention_mask.device != tokens.device:
-        raise ValueError(f"attention_mask is on {attention_mask.device}, tokens on {tokens.device}")
-    return attention_mask.bool()
-
-
-def is_cache(c):
-    """A layer's cache: a KVCache, or another attention's cache with the same interface (LatentCache)."""
-    return isinstance(c, KVCache) or all(hasattr(c, name) for name in ("append", "position", "dropped", "nbytes"))
-
-
-def layer_mask(keep, cache, head_mask, i, first=None):
-    """The mask of layer i: the keys it holds that are real tokens, (B, 1, 1, T_k), and its heads. first: the
-    first position held (default: the positions the cache dropped)."""
-    mask = None
-    if keep is not None:
-        if first is None:
-            first = 0 if cache is None else cache.dropped  # a window's cache no longer holds the oldest keys
-        mask = keep[:, None, None, first:]  # (B, 1, 1, T_k)
-    if head_mask is not None:
-        heads = head_mask[i][:, None, None]  # (h, 1, 1): False = head off
-        mask = heads if mask is None else mask & heads
-    return mask
-
-
-def positions_from_mask(attention_mask):
-    """Positions as transformers' generate() derives them: the count of real tokens before each, 0 on padding."""
-    positions = attention_mask.long().cumsum(-1) - 1  # (B, T)
-    return positions.masked_fill(attention_mask == 0, 0)

@@ -12,6 +12,9 @@ from mha import validate
 NORM_PLACEMENTS = ("pre", "sandwich", "post")
 ATTENTION_TYPES = ("grouped", "latent")  # GroupedQueryAttention, MultiHeadLatentAttention (DeepSeek)
 FEED_FORWARDS = ("silu", "gelu_tanh", "mlp_gelu_tanh")  # SwiGLU, GeGLU, GPT-2's two layers with biases
+LAYER_TYPES = ("full", "linear")  # the attention of the config's kind, or a GatedDeltaNet (chapter 18)
+LINEAR_REQUIRED = ("n_key_heads", "n_value_heads", "key_head_dim", "value_head_dim")
+LINEAR_OPTIONAL = ("conv_kernel", "norm_eps", "chunk_size")  # GatedDeltaNet's other arguments but d_model
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,11 @@ class LMConfig:
     own; an earlier layer (which makes its own): it has no W_k, W_v and reuses that layer's, rotated keys
     included (cross-layer KV sharing: Brandon et al., 2024; Gemma 3n). A sharing layer's window may not be
     wider than its source's (the source's cache keeps only its own window).
+    layer_types: () (every layer "full") or one of "full" / "linear" per layer (chapter 18: the hybrids,
+    Qwen3-Next and Qwen3.5); a "linear" layer's attention is a `GatedDeltaNet` built with linear_attention
+    (a dict of its arguments but d_model: n_key_heads, n_value_heads, key_head_dim, value_head_dim, and
+    optionally conv_kernel, norm_eps, chunk_size) and its cache a StateCache of fixed size. Linear layers
+    neither share keys nor lend theirs (kv_sharing), and take attention_type="grouped" for their full layers.
     """
 
     vocab_size: int
@@ -59,6 +67,8 @@ class LMConfig:
     experts: dict = None
     expert_layers: tuple = None
     kv_sharing: tuple = ()
+    layer_types: tuple = ()
+    linear_attention: dict = None
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "d_ff"):
@@ -73,11 +83,39 @@ class LMConfig:
                              f"got {len(self.layer_attention)}")
         if self.attention_type not in ATTENTION_TYPES:
             raise ValueError(f"attention_type must be one of {ATTENTION_TYPES}, got {self.attention_type!r}")
+        self.check_layer_types()
         module = "GroupedQueryAttention" if self.attention_type == "grouped" else "MultiHeadLatentAttention"
-        if not isinstance(self.attention, dict) or "n_heads" not in self.attention:
+        needs_heads = not self.layer_types or "full" in self.layer_types  # an all-linear stack has no full layer
+        if not isinstance(self.attention, dict) or (needs_heads and "n_heads" not in self.attention):
             raise ValueError(f"attention must be a dict of {module} arguments with n_heads, got {self.attention!r}")
         self.check_experts()
         self.check_kv_sharing()
+
+    def check_layer_types(self):
+        if not isinstance(self.layer_types, (tuple, list)):
+            raise TypeError(f"layer_types must be a tuple of {LAYER_TYPES} per layer, got "
+                            f"{type(self.layer_types).__name__}")
+        if self.layer_types and (len(self.layer_types) != self.n_layers or
+                                 any(kind not in LAYER_TYPES for kind in self.layer_types)):
+            raise ValueError(f"layer_types needs one of {LAYER_TYPES} per layer (n_layers={self.n_layers}), "
+                             f"got {tuple(self.layer_types)!r}")
+        linear = "linear" in self.layer_types
+        if not linear:
+            if self.linear_attention is not None:
+                raise ValueError("linear_attention holds the arguments of the 'linear' layers, but layer_types "
+                                 "names none: give layer_types too")
+            return
+        if not isinstance(self.linear_attention, dict):
+            raise TypeError(f"linear_attention must be a dict of GatedDeltaNet arguments but d_model "
+                            f"{LINEAR_REQUIRED + LINEAR_OPTIONAL}, got {type(self.linear_attention).__name__}")
+        missing = [name for name in LINEAR_REQUIRED if name not in self.linear_attention]
+        unknown = sorted(set(self.linear_attention) - set(LINEAR_REQUIRED + LINEAR_OPTIONAL))
+        if missing or unknown:
+            raise ValueError(f"linear_attention must hold {LINEAR_REQUIRED} (and may hold {LINEAR_OPTIONAL}): "
+                             f"missing {missing}, unknown {unknown}")
+        if self.attention_type != "grouped":
+            raise ValueError(f"linear layers are mixed with attention_type='grouped' layers only, got "
+                             f"{self.attention_type!r}")
 
     def check_experts(self):
         if self.experts is not None and not isinstance(self.experts, dict):
@@ -103,6 +141,9 @@ class LMConfig:
             if not isinstance(j, int) or not 0 <= j <= i or sources[j] != j:
                 raise ValueError(f"kv_sharing[{i}] must be {i} (its own keys) or an earlier layer that makes its "
                                  f"own, got {j!r} (kv_sharing={sources})")
+            if j != i and (self.is_linear(i) or self.is_linear(j)):
+                raise ValueError(f"kv_sharing[{i}] = {j}: a linear layer has no keys to share or to reuse (layer "
+                                 f"{i if self.is_linear(i) else j} is 'linear' in layer_types)")
         if self.attention_type != "grouped" and sources != tuple(range(self.n_layers)):
             raise ValueError(f"kv_sharing is computed for attention_type='grouped' only, got "
                              f"{self.attention_type!r}")
@@ -115,6 +156,10 @@ class LMConfig:
     def kv_source(self, i):
         """The layer whose keys and values layer i attends to (i itself without sharing)."""
         return self.kv_sharing[i] if self.kv_sharing else i
+
+    def is_linear(self, i):
+        """Whether layer i's attention is linear (a GatedDeltaNet), not the attention of attention_type."""
+        return bool(self.layer_types) and self.layer_types[i] == "linear"
 
     def has_experts(self, i):
         """Whether layer i's feed-forward is the mixture of experts."""

@@ -4,7 +4,9 @@ Read and computed: q, k, v and o projections (with Qwen's biases); QK-norm per h
 Gemma 3) or over all heads (OLMo 2); the scores' scale (Gemma's query_pre_attn_scalar);
 attention-logit soft-capping (Gemma 2); the layer's sliding window (Mistral, Qwen's
 use_sliding_window, Gemma's sliding layers, OLMo 3's and gpt-oss's per-layer windows); gpt-oss's attention
-sinks; Qwen3-Next's output gate; the layer's RoPE: its base and scaling (linear,
+sinks; Qwen3-Next's and Qwen3.5's output gate and partial RoPE (Qwen3.5's "mrope" reduced to plain RoPE: for
+text its three rows of positions are equal); the hybrids' layer types and their linear layers (Gated DeltaNet,
+read by `mha.torch.hf.linear`); the layer's RoPE: its base and scaling (linear,
 dynamic NTK, YaRN, Llama 3), one per layer type where they differ (Gemma 3); the gated MLP's
 activation; and the whole model's sizes, norms, tied embeddings and final soft-cap (`lm_arguments`).
 
@@ -29,7 +31,7 @@ from mha.torch.hf import families, weights
 # RMSNorm classes by their formula: x / rms(x) * w (cast before the weight), or Gemma's * (1 + w) in float32.
 PLAIN_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Olmo2RMSNorm", "RMSNorm",
                "Olmo3RMSNorm", "GptOssRMSNorm", "Qwen3MoeRMSNorm", "DeepseekV3RMSNorm", "DeepseekV32RMSNorm"}
-UNIT_OFFSET_NORMS = {"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm", "Qwen3NextRMSNorm"}
+UNIT_OFFSET_NORMS = {"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm", "Qwen3NextRMSNorm", "Qwen3_5RMSNorm"}
 # Hugging Face's names for the two gates (transformers.activations.ACT2FN); any other is refused.
 HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 # Config fields that would change the answer, and the value that does not: anything else is refused.
@@ -45,10 +47,14 @@ REFUSED_FIELDS = {
 IGNORED_SOFT_CAP = {"Gemma3Attention"}
 IGNORED_SOFT_CAP_TYPES = {"gemma3", "gemma3_text"}
 # Attention layers whose q_proj makes, per head, a query and an output gate ([query | gate], 2 * head_dim).
-OUTPUT_GATED = {"Qwen3NextAttention"}
+OUTPUT_GATED = {"Qwen3NextAttention", "Qwen3_5Attention"}
 # Attention layers with a partial RoPE whose turned features are the first head_dim * partial_rotary_factor,
 # rotated as halves (Llama's rotate_half on that part): computed (rotary_dim). Others' layouts are refused.
-PARTIAL_ROTARY_HALVES = {"Qwen3NextAttention"}
+PARTIAL_ROTARY_HALVES = {"Qwen3NextAttention", "Qwen3_5Attention"}
+# Attention layers whose RoPE is multimodal ("mrope": rows of temporal, height and width positions, their features
+# interleaved by mrope_section): for text the three rows are the same positions, so it is the plain RoPE.
+MROPE_TEXT = {"Qwen3_5Attention"}
+MROPE_FIELDS = ("mrope_section", "mrope_interleaved")
 # Dropout fields of the families' configs: the copy computes without dropout, so train() is refused where one is set.
 DROPOUT_FIELDS = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout")
 
@@ -161,10 +167,22 @@ def scaling_of(attention, rope):
         scaling["max_position_embeddings"] = config.max_position_embeddings
     if kind == "yarn" and "factor" not in scaling:  # DeepSeek's way: the ratio of the two lengths
         scaling["factor"] = config.max_position_embeddings / rope["original_max_position_embeddings"]
-    unknown = sorted(set(rope) - {"rope_type", "rope_theta", "partial_rotary_factor", *required, *optional})
+    known = {"rope_type", "rope_theta", "partial_rotary_factor", *required, *optional, *mrope_fields(attention, rope)}
+    unknown = sorted(set(rope) - known)
     if unknown:
         refuse(attention, [f"RoPE {kind!r} with {unknown}"])
     return {"rope_type": kind, **scaling}
+
+
+def mrope_fields(attention, rope):
+    """The mrope fields that a text-only layer of `MROPE_TEXT` reads as plain RoPE (its three rows of positions
+    are one row); none elsewhere (refused as unknown), and mrope_section must be three sizes."""
+    if type(attention).__name__ not in MROPE_TEXT:
+        return ()
+    section = rope.get("mrope_section")
+    if section is not None and (len(section) != 3 or not all(isinstance(n, int) and n >= 0 for n in section)):
+        refuse(attention, [f"mrope_section={section!r} (three sizes, temporal, height and width, are read)"])
+    return MROPE_FIELDS
 
 
 # Attention layers ------------------------------------------------------------------------------------------
@@ -319,19 +337,40 @@ def decoder_arguments(model, kind):
 
 
 def layer_attention_arguments(layers, attention_type):
-    """attention_type, attention (the arguments every layer shares) and layer_attention (each layer's others)."""
+    """attention_type, attention (the arguments every layer shares) and layer_attention (each layer's others);
+    a hybrid's layer_types and linear_attention."""
+    hybrid = linear_arguments(layers)
     if attention_type == "latent":
         from mha.torch.hf import latent  # imported here: it reads this module
         per_layer = [latent.latent_arguments(layer.self_attn) for layer in layers]
         shared = {key: value for key, value in per_layer[0].items()
                   if all(arguments[key] == value for arguments in per_layer)}
-    else:
-        per_layer = [attention_arguments(layer.self_attn, layer_rope(layer.self_attn)[0]) for layer in layers]
-        shared = {key: per_layer[0][key] for key in ("n_heads", "n_kv_heads", "d_head")}
+    else:  # a hybrid's linear layers have no self_attn: their GatedDeltaNet is read by `linear_arguments`
+        per_layer = [{} if families.is_linear(layer) else
+                     attention_arguments(layer.self_attn, layer_rope(layer.self_attn)[0]) for layer in layers]
+        full = [arguments for arguments in per_layer if arguments]
+        shared = {key: full[0][key] for key in ("n_heads", "n_kv_heads", "d_head")} if full else {}
     layer_attention = tuple({key: value for key, value in arguments.items() if key not in shared}
                             for arguments in per_layer)
     return dict(attention_type=attention_type, attention=shared,
-                layer_attention=layer_attention)
+                layer_attention=layer_attention, **hybrid)
+
+
+def linear_arguments(layers):
+    """A hybrid's layer_types ("full" or "linear" per layer) and linear_attention (its GatedDeltaNets'
+    arguments, read by `mha.torch.hf.linear`, the same in every linear layer); nothing for other models."""
+    if not any(families.is_linear(layer) for layer in layers):
+        return {}
+    from mha.torch.hf import linear  # imported here, as latent and experts
+    kinds = [getattr(layer, "block_type", None) for layer in layers]
+    owner = next((layer.self_attn for layer in layers if not families.is_linear(layer)), layers[0].mlp)  # named
+    refused = sorted({str(kind) for kind in kinds if kind not in families.LAYER_TYPES})
+    if refused:
+        refuse(owner, [f"layers of type {refused} (read: {sorted(families.LAYER_TYPES)})"])
+    per_layer = [linear.gated_delta_net_arguments(layer.linear_attn) for layer in layers if families.is_linear(layer)]
+    if any(arguments != per_layer[0] for arguments in per_layer):
+        refuse(owner, ["linear-attention layers that differ from layer to layer"])
+    return dict(layer_types=tuple(families.LAYER_TYPES[kind] for kind in kinds), linear_attention=per_layer[0])
 
 
 def feed_forward_arguments(layers):

@@ -10,6 +10,8 @@ and each refusal beside its kind), then a test against transformers in tests/tes
 # and its attention where it is not grouped-query attention ("latent": DeepSeek's MultiHeadLatentAttention).
 # feed_forward: GPT-2's two layers with tanh GELU; the others' gated MLP takes the activation its config names;
 # a layer whose MLP is a mixture of experts (read by `mha.torch.hf.experts`) becomes a MixtureOfExperts.
+# The hybrids (chapter 18) mix full-attention layers (self_attn) with linear ones (linear_attn: a Gated DeltaNet,
+# read by `mha.torch.hf.linear`), as their config's layer_types says (`LAYER_TYPES`).
 FAMILIES = {
     "gpt2": dict(norm_placement="pre", feed_forward="mlp_gelu_tanh", scaled_embeddings=False),
     "llama": dict(norm_placement="pre", scaled_embeddings=False),
@@ -25,7 +27,11 @@ FAMILIES = {
     "qwen3_moe": dict(norm_placement="pre", scaled_embeddings=False),  # Qwen3's attention, experts
     "deepseek_v3": dict(norm_placement="pre", scaled_embeddings=False, attention="latent"),  # MLA, experts
     "deepseek_v32": dict(norm_placement="pre", scaled_embeddings=False, attention="latent"),  # + lightning indexer
+    "qwen3_next": dict(norm_placement="pre", scaled_embeddings=False),  # Gated DeltaNet + gated attention, experts
+    "qwen3_5_text": dict(norm_placement="pre", scaled_embeddings=False),  # Qwen3.5's text model: the same, dense
 }
+# transformers' layer_types of the hybrids -> LMConfig's
+LAYER_TYPES = {"full_attention": "full", "linear_attention": "linear"}
 
 # Where each placement keeps a decoder layer's norms in transformers: (attention in, attention out,
 # feed-forward in, feed-forward out), None where there is none; OUR_NORMS: the LMBlock's names for the same.
@@ -62,3 +68,8 @@ def attention_type(kind):
 def is_dense(mlp):
     """Whether a decoder layer's MLP is a gated MLP (gate_proj, up_proj, down_proj), not a mixture of experts."""
     return hasattr(mlp, "gate_proj") and not hasattr(mlp, "experts")
+
+
+def is_linear(layer):
+    """Whether a decoder layer's token mixer is linear attention (a hybrid's linear_attn), not self_attn."""
+    return getattr(layer, "linear_attn", None) is not None and getattr(layer, "self_attn", None) is None

@@ -93,8 +93,12 @@ def copy_gpt2_block(block, theirs):
 @torch.no_grad()
 def copy_decoder_layer(block, theirs, kind):
     """A Llama-like decoder layer (self_attn, mlp, its family's norms) into an LMBlock: DeepSeek's latent
-    attention through `mha.torch.hf.latent`, a mixture of experts through `mha.torch.hf.experts`."""
-    if families.attention_type(kind) == "latent":
+    attention through `mha.torch.hf.latent`, a hybrid's linear_attn (Gated DeltaNet) through `mha.torch.hf.linear`,
+    a mixture of experts through `mha.torch.hf.experts`."""
+    if families.is_linear(theirs):  # a hybrid's Gated DeltaNet (chapter 18)
+        from mha.torch.hf import linear
+        linear.copy_gated_delta_net(block.attention, theirs.linear_attn)
+    elif families.attention_type(kind) == "latent":
         from mha.torch.hf import latent  # imported here: it reads configuration, which reads this module
         latent.copy_latent_attention(block.attention, theirs.self_attn)
     else:

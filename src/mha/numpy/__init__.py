@@ -26,6 +26,9 @@ The modules, each importing only those above it:
     latent     multi-head latent attention: one decoding step absorbed and expanded, the cache's bytes (chapter 17)
     sparse     DeepSeek Sparse Attention: the lightning indexer's scores, top-k key selection (chapter 17)
     quantization  a GGUF file's blocks of 32 weights: Q4_1 and Q8_0 read back, Q4_1 written (chapter 16)
+    linear     linear attention (chapter 18): the feature map, recurrent, parallel and chunked forms
+    delta      the delta rule and Gated DeltaNet (chapter 18): step, recurrent and chunked forms, the causal
+               convolution, the gated RMSNorm, the state's bytes
 Import the face, not the modules: `import mha.numpy as mnp`.
 """
 
@@ -61,6 +64,14 @@ from mha.numpy.latent import (
 )
 from mha.numpy.sparse import lightning_indexer, lightning_indexer_scores, select_top_k_keys
 from mha.numpy.sinks import sink_softmax
+from mha.numpy.linear import (
+    elu_feature_map, linear_attention_chunked, linear_attention_parallel, linear_attention_recurrent,
+    linear_attention_step,
+)
+from mha.numpy.delta import (
+    causal_conv1d, gated_delta_chunk, gated_delta_rule_chunked, gated_delta_rule_recurrent, gated_delta_state_bytes,
+    gated_delta_step, gated_delta_update, gated_rms_norm, l2_normalize,
+)
 from mha.numpy.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
 from mha.numpy.training import clip_grad_norm, merge_pair, warmup_cosine
 from mha.numpy.rotary import apply_rotary, ntk_frequencies, rotary_at, rotary_embedding, rotary_frequencies, rotate_half
@@ -115,4 +126,8 @@ __all__ = [
     # latent and sparse attention (chapter 17)
     "absorbed_latent_decode", "expanded_latent_decode", "latent_cache_bytes", "latent_decode_flops",
     "lightning_indexer_scores", "select_top_k_keys", "latent_attention", "lightning_indexer",
+    # linear attention, the delta rule and Gated DeltaNet (chapter 18)
+    "elu_feature_map", "linear_attention_step", "linear_attention_recurrent", "linear_attention_parallel",
+    "linear_attention_chunked", "l2_normalize", "gated_delta_update", "gated_delta_step", "gated_delta_rule_recurrent",
+    "gated_delta_chunk", "gated_delta_rule_chunked", "causal_conv1d", "gated_rms_norm", "gated_delta_state_bytes",
 ]

@@ -29,6 +29,9 @@ The modules, each importing only those above it:
                from_transformers: a Hugging Face causal LM copied into a TransformerLM (chapter 13); the hybrids
                Qwen3-Next and Qwen3.5, whose linear layers are Gated DeltaNets (chapter 18)
     quantization  a GGUF file's Q4_1 and Q8_0 blocks on tensors (chapter 16)
+    linear     linear attention (chapter 18): recurrent, parallel and chunked (every chunk at once)
+    delta      the delta rule and Gated DeltaNet (chapter 18): the step of decoding, the chunked form of
+               prefill (one triangular solve for all chunks), the causal convolution, the gated RMSNorm
 Import the face, not the modules: `import mha.torch as mt`.
 """
 
@@ -64,6 +67,14 @@ from mha.torch.rotary import RotaryTables, apply_rotary, rotary_embedding, rotar
 from mha.torch.positions import (
     LearnedPositions, SinusoidalPositions, add_positions, alibi_bias, alibi_slopes, sinusoidal_positions,
 )
+from mha.torch.linear import (
+    elu_feature_map, linear_attention_chunked, linear_attention_parallel, linear_attention_recurrent,
+    linear_attention_step,
+)
+from mha.torch.delta import (
+    causal_conv1d, gated_delta_chunk, gated_delta_rule_chunked, gated_delta_rule_recurrent, gated_delta_state_bytes,
+    gated_delta_step, gated_delta_update, gated_rms_norm, l2_normalize,
+)
 from mha.torch.tensors import check_input, check_mask_tensor, check_qkv_tensors, check_tensor, check_x_and_context
 
 __all__ = [
@@ -98,4 +109,8 @@ __all__ = [
     # latent and sparse attention (chapter 17)
     "MultiHeadLatentAttention", "LatentCache", "latent_cache_bytes", "latent_decode_flops", "absorbed_latent_decode",
     "expanded_latent_decode", "LightningIndexer", "lightning_indexer_scores", "select_top_k_keys",
+    # linear attention, the delta rule and Gated DeltaNet (chapter 18)
+    "elu_feature_map", "linear_attention_step", "linear_attention_recurrent", "linear_attention_parallel",
+    "linear_attention_chunked", "l2_normalize", "gated_delta_update", "gated_delta_step", "gated_delta_rule_recurrent",
+    "gated_delta_chunk", "gated_delta_rule_chunked", "causal_conv1d", "gated_rms_norm", "gated_delta_state_bytes",
 ]

@@ -1,0 +1,219 @@
+"""The delta rule and Gated DeltaNet, the PyTorch face of `mha.numpy.delta` (chapter 18): the same names
+and results, on tensors, differentiable, and fast.
+
+`gated_delta_rule_chunked` is the form that prefill runs (Yang et al., 2024, the chunked WY form; Yang et
+al., 2025, Gated DeltaNet): every chunk's triangular system is solved at once, one batched
+`torch.linalg.solve_triangular` (unit lower triangular), and only the state crosses from chunk to chunk
+in a Python loop, one iteration per chunk, never per token. `gated_delta_step` is what decoding runs:
+a handful of tensor operations per token. float16 and bfloat16 inputs are computed in float32, as
+transformers computes them; outputs come back in the input's dtype and states stay in float32.
+The numpy face refuses g > 0; this one does not look (it would cost a synchronisation per call).
+"""
+
+import torch
+import torch.nn.functional as F
+
+from mha import validate
+from mha.torch.linear import check_floats, check_sequences, start_state, to_chunks, work_dtype
+
+
+def l2_normalize(x, eps=1e-6):
+    """x / sqrt(sum(x^2) + eps) over the last axis (the eps inside the root, as transformers' l2norm)."""
+    check_floats(x=x)
+    validate.check_ndim("x", x, 1)
+    eps = validate.check_eps(eps)
+    h = x.to(work_dtype(x.dtype))
+    return (h * torch.rsqrt((h * h).sum(dim=-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def check_gates(g, beta, shape):
+    """g (log decays, or None) and beta of shape `shape`, the keys' shape without d_k."""
+    check_floats(beta=beta)
+    if beta.shape != shape:
+        raise ValueError(f"beta must have shape {validate.shape_str(shape)}, one per key (the keys' shape without "
+                         f"d_k), got {validate.shape_str(beta.shape)}")
+    if g is not None:
+        check_floats(g=g)
+        if g.shape != shape:
+            raise ValueError(f"g must have shape {validate.shape_str(shape)}, one per key (the keys' shape without "
+                             f"d_k), got {validate.shape_str(g.shape)}")
+
+
+def gated_delta_update(state, k, v, g, beta):
+    """One write of the gated delta rule: S' = exp(g) S (g None: no decay), S'' = S' + k^T (beta (v - k @ S')).
+    state (..., d_k, d_v), k (..., d_k), v (..., d_v), g and beta (...). Returns S'' in the state's dtype."""
+    check_floats(state=state, k=k, v=v)
+    if state.dim() < 2 or state.shape[:-2] != k.shape[:-1] or state.shape[:-2] != v.shape[:-1] \
+            or state.shape[-2:] != (k.shape[-1], v.shape[-1]):
+        raise ValueError(f"state must have shape (..., d_k, d_v), k (..., d_k) and v (..., d_v) with one (...), got "
+                         f"state {validate.shape_str(state.shape)}, k {validate.shape_str(k.shape)}, "
+                         f"v {validate.shape_str(v.shape)}")
+    check_gates(g, beta, k.shape[:-1])
+    return update(state, k, v, g, beta)
+
+
+def update(state, k, v, g, beta):
+    """`gated_delta_update` without the checks (the decoding step calls it once per token)."""
+    work = work_dtype(state.dtype)
+    state = state.to(work)
+    k, v, beta = k.to(work), v.to(work), beta.to(work)
+    if g is not None:
+        state = state * g.to(work).exp()[..., None, None]  # (..., d_k, d_v): the whole state fades
+    predicted = (k.unsqueeze(-2) @ state).squeeze(-2)  # (..., d_v): what the state holds for k
+    correction = beta.unsqueeze(-1) * (v - predicted)  # (..., d_v): a share beta of the error
+    return state + k.unsqueeze(-1) * correction.unsqueeze(-2)  # (..., d_k, d_v)
+
+
+def gated_delta_step(state, q, k, v, g, beta):
+    """One token: `gated_delta_update`, then out = q @ new_state. q (..., d_k) already scaled.
+    Returns (out (..., d_v) in q's dtype, new_state (..., d_k, d_v), float32 for half inputs)."""
+    check_floats(q=q)
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have one shape (..., d_k), got q {validate.shape_str(q.shape)}, "
+                         f"k {validate.shape_str(k.shape)}")
+    new_state = gated_delta_update(state.to(work_dtype(q.dtype)), k, v, g, beta)
+    out = (q.to(new_state.dtype).unsqueeze(-2) @ new_state).squeeze(-2)  # (..., d_v)
+    return out.to(q.dtype), new_state
+
+
+def check_rule(q, k, v, g, beta, scale):
+    """The sequences of the rule, checked; returns the scale (default d_k ** -0.5)."""
+    check_sequences(q, k, v)
+    check_gates(g, beta, k.shape[:-1])
+    scale = validate.check_scale(scale)
+    return k.shape[-1] ** -0.5 if scale is None else scale
+
+
+def gated_delta_rule_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None):
+    """The gated delta rule over T tokens, one step after another. q, k (..., h, T, d_k) (no L2 norm here),
+    v (..., h, T, d_v), g (log decays, or None) and beta (..., h, T); q times scale (default d_k ** -0.5).
+    initial_state (..., h, d_k, d_v) or None. Returns (out (..., h, T, d_v), state (..., h, d_k, d_v))."""
+    scale = check_rule(q, k, v, g, beta, scale)
+    dtype, work = q.dtype, work_dtype(q.dtype)
+    state = start_state(initial_state, k, v, work)
+    q, k, v, beta = q.to(work) * scale, k.to(work), v.to(work), beta.to(work)
+    outs = []
+    for t in range(q.shape[-2]):
+        state = update(state, k[..., t, :], v[..., t, :], None if g is None else g[..., t], beta[..., t])
+        outs.append((q[..., t, :].unsqueeze(-2) @ state).squeeze(-2))  # (..., d_v)
+    return torch.stack(outs, dim=-2).to(dtype), state  # (..., T, d_v), (..., d_k, d_v)
+
+
+def chunk_decays(g, shape, chunk_size, like):
+    """G (..., n, C), the log decay from each chunk's start to each token (zeros when g is None), and the
+    decays exp(G_t - G_s) (..., n, C, C) for s <= t, 0 above the diagonal."""
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=like.device).tril()  # (C, C): s <= t
+    if g is None:
+        return like.new_zeros(shape), causal.to(like.dtype)
+    G = to_chunks(g.to(like.dtype).unsqueeze(-1), chunk_size).squeeze(-1).cumsum(dim=-1)  # (..., n, C)
+    gap = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~causal, float("-inf"))  # (..., n, C, C)
+    return G, gap.exp()
+
+
+def solve_chunks(k, v, beta, G, decay):
+    """Every chunk's unit lower-triangular system (I + A) X = [beta v | beta exp(G) k] at once, A[t, s] =
+    beta_t exp(G_t - G_s) (k_t . k_s) for s < t. Returns (W, D): U = W - D @ S_0 are the chunk's corrections."""
+    A = beta.unsqueeze(-1) * (k @ k.transpose(-1, -2)) * decay  # (..., n, C, C); the diagonal is ignored
+    rhs = torch.cat([beta.unsqueeze(-1) * v, (beta * G.exp()).unsqueeze(-1) * k], dim=-1)  # (..., n, C, d_v + d_k)
+    x = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)  # (..., n, C, d_v + d_k)
+    return x[..., :v.shape[-1]], x[..., v.shape[-1]:]
+
+
+def gated_delta_chunk(state, q, k, v, g, beta):
+    """One chunk of C tokens in the parallel (WY / UT) form, equal to C recurrent steps: state (..., d_k, d_v),
+    q (already scaled) and k (..., C, d_k), v (..., C, d_v), g (log decays, or None) and beta (..., C).
+    Returns (out (..., C, d_v), new_state (..., d_k, d_v))."""
+    check_sequences(q, k, v)
+    check_gates(g, beta, k.shape[:-1])
+    return chunked(q, k, v, g, beta, q.shape[-2], start_state(state, k, v, work_dtype(q.dtype)), q.dtype)
+
+
+def chunked(q, k, v, g, beta, chunk_size, state, dtype):
+    """The chunked rule on checked inputs, state already in the work dtype, q already scaled; the output
+    returned in `dtype`."""
+    work, T = state.dtype, q.shape[-2]
+    q, k, v = (to_chunks(x.to(work), chunk_size) for x in (q, k, v))  # (..., n, C, d)
+    beta = to_chunks(beta.to(work).unsqueeze(-1), chunk_size).squeeze(-1)  # (..., n, C); padding writes nothing
+    G, decay = chunk_decays(g, beta.shape, chunk_size, q)  # (..., n, C), (..., n, C, C)
+    W, D = solve_chunks(k, v, beta, G, decay)  # (..., n, C, d_v), (..., n, C, d_k)
+    reads = (q @ k.transpose(-1, -2)) * decay  # (..., n, C, C): q_t . k_s decayed from s to t, s <= t
+    q_from_start = q * G.exp().unsqueeze(-1)  # (..., n, C, d_k): reads the state at the chunk's start
+    k_to_end = k * (G[..., -1:] - G).exp().unsqueeze(-1)  # (..., n, C, d_k): writes decayed to the chunk's end
+    chunk_decay = G[..., -1].exp()[..., None, None]  # (..., n, 1, 1)
+    outs = []
+    for i in range(q.shape[-3]):  # one iteration per chunk: the state crosses over
+        u = W[..., i, :, :] - D[..., i, :, :] @ state  # (..., C, d_v): the chunk's corrections
+        outs.append(q_from_start[..., i, :, :] @ state + reads[..., i, :, :] @ u)  # (..., C, d_v)
+        state = chunk_decay[..., i, :, :] * state + k_to_end[..., i, :, :].transpose(-1, -2) @ u
+    out = torch.cat(outs, dim=-2)[..., :T, :]  # (..., T, d_v)
+    return out.to(dtype), state
+
+
+def gated_delta_rule_chunked(q, k, v, g, beta, *, chunk_size=64, scale=None, initial_state=None):
+    """The gated delta rule in chunks of `chunk_size` tokens (the last padded with tokens that write nothing):
+    the same arguments and result as `gated_delta_rule_recurrent`, one triangular solve for all chunks."""
+    scale = check_rule(q, k, v, g, beta, scale)
+    chunk_size = validate.check_int("chunk_size", chunk_size, minimum=1)
+    state = start_state(initial_state, k, v, work_dtype(q.dtype))
+    return chunked(q.to(state.dtype) * scale, k, v, g, beta, chunk_size, state, q.dtype)
+
+
+def causal_conv1d(x, weight, *, state=None, activation="silu"):
+    """Depthwise causal convolution along time: y[t, c] = act(sum_j weight[c, j] * xpad[t + j, c]), xpad the
+    K - 1 inputs before x (state, zeros if None) then x. x (..., T, C), weight (C, K). Returns (y (..., T, C),
+    new_state (..., K - 1, C), the last K - 1 inputs, in x's dtype)."""
+    check_floats(x=x, weight=weight)
+    validate.check_sequence("x", x)
+    if weight.dim() != 2 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"weight must have shape (C, K) = ({x.shape[-1]}, K), one filter per channel of x "
+                         f"{validate.shape_str(x.shape)}, got {validate.shape_str(weight.shape)}")
+    if activation not in (None, "silu"):
+        raise ValueError(f"activation must be None or 'silu', got {activation!r}")
+    K = weight.shape[1]
+    shape = x.shape[:-2] + (K - 1, x.shape[-1])
+    if state is None:
+        state = x.new_zeros(shape)
+    elif state.shape != shape:
+        raise ValueError(f"state must hold the K - 1 inputs before x, shape (..., K - 1, C) = "
+                         f"{validate.shape_str(shape)}, got {validate.shape_str(state.shape)}")
+    return conv(x, weight, state, activation)
+
+
+def conv(x, weight, state, activation):
+    """`causal_conv1d` without the checks."""
+    K, work = weight.shape[1], work_dtype(x.dtype)
+    xpad = torch.cat([state.to(x.dtype), x], dim=-2)  # (..., K - 1 + T, C)
+    windows = xpad.to(work).unfold(-2, K, 1)  # (..., T, C, K): each step's K inputs
+    y = (windows * weight.to(work)).sum(dim=-1)  # (..., T, C)
+    y = F.silu(y) if activation == "silu" else y
+    return y.to(x.dtype), xpad[..., xpad.shape[-2] - (K - 1):, :]
+
+
+def gated_rms_norm(x, gate, weight, eps=1e-6):
+    """RMSNorm(x) * weight * silu(gate) over the last axis, as Qwen3-Next's RMSNormGated: norm in float32,
+    back to x's dtype, times weight, times silu(gate) in float32, returned in x's dtype. x, gate (..., d)."""
+    check_floats(x=x, gate=gate, weight=weight)
+    validate.check_ndim("x", x, 1)
+    if gate.shape != x.shape:
+        raise ValueError(f"gate must have the shape of x {validate.shape_str(x.shape)}, "
+                         f"got {validate.shape_str(gate.shape)}")
+    validate.check_vector("weight", weight, x.shape[-1])
+    eps = validate.check_eps(eps)
+    work = work_dtype(x.dtype)
+    h = x.to(work)
+    normed = (h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)  # (..., d)
+    return (weight * normed * F.silu(gate.to(work))).to(x.dtype)  # (..., d)
+
+
+def gated_delta_state_bytes(*, n_key_heads, n_value_heads, key_head_dim, value_head_dim, conv_kernel, batch=1,
+                            bytes_per_value=2):
+    """Bytes a Gated DeltaNet layer holds while decoding, whatever T: the recurrent state (H_v d_k d_v
+    values) and the convolution's last K - 1 inputs of its 2 H_k d_k + H_v d_v channels, per sequence."""
+    sizes = {name: validate.check_int(name, value) for name, value in (
+        ("n_key_heads", n_key_heads), ("n_value_heads", n_value_heads), ("key_head_dim", key_head_dim),
+        ("value_head_dim", value_head_dim), ("conv_kernel", conv_kernel), ("batch", batch),
+        ("bytes_per_value", bytes_per_value))}
+    recurrent = sizes["n_value_heads"] * sizes["key_head_dim"] * sizes["value_head_dim"]
+    channels = 2 * sizes["n_key_heads"] * sizes["key_head_dim"] + sizes["n_value_heads"] * sizes["value_head_dim"]
+    conv = (sizes["conv_kernel"] - 1) * channels
+    return (recurrent + conv) * sizes["batch"] * sizes["bytes_per_value"]

@@ -28,7 +28,7 @@ The modules, each importing only those above it:
     quantization  a GGUF file's blocks of 32 weights: Q4_1 and Q8_0 read back, Q4_1 written (chapter 16)
     linear     linear attention (chapter 18): the feature map, recurrent, parallel and chunked forms
     delta      the delta rule and Gated DeltaNet (chapter 18): step, recurrent and chunked forms, the causal
-               convolution, the gated RMSNorm, the state's bytes
+               convolution, the gated RMSNorm, the state's bytes, the whole layer (gated_delta_net)
 Import the face, not the modules: `import mha.numpy as mnp`.
 """
 
@@ -69,8 +69,8 @@ from mha.numpy.linear import (
     linear_attention_step,
 )
 from mha.numpy.delta import (
-    causal_conv1d, gated_delta_chunk, gated_delta_rule_chunked, gated_delta_rule_recurrent, gated_delta_state_bytes,
-    gated_delta_step, gated_delta_update, gated_rms_norm, l2_normalize,
+    causal_conv1d, gated_delta_chunk, gated_delta_net, gated_delta_rule_chunked, gated_delta_rule_recurrent,
+    gated_delta_state_bytes, gated_delta_step, gated_delta_update, gated_rms_norm, l2_normalize,
 )
 from mha.numpy.sampling import apply_temperature, filter_logits, generate, top_k_filter, top_p_filter
 from mha.numpy.training import clip_grad_norm, merge_pair, warmup_cosine
@@ -130,4 +130,5 @@ __all__ = [
     "elu_feature_map", "linear_attention_step", "linear_attention_recurrent", "linear_attention_parallel",
     "linear_attention_chunked", "l2_normalize", "gated_delta_update", "gated_delta_step", "gated_delta_rule_recurrent",
     "gated_delta_chunk", "gated_delta_rule_chunked", "causal_conv1d", "gated_rms_norm", "gated_delta_state_bytes",
+    "gated_delta_net",
 ]

@@ -207,3 +207,66 @@ def gated_delta_state_bytes(*, n_key_heads, n_value_heads, key_head_dim, value_h
     channels = 2 * sizes["n_key_heads"] * sizes["key_head_dim"] + sizes["n_value_heads"] * sizes["value_head_dim"]
     conv = (sizes["conv_kernel"] - 1) * channels
     return (recurrent + conv) * sizes["batch"] * sizes["bytes_per_value"]
+
+
+LAYER_PARAMS = ("W_qkv", "W_z", "W_b", "W_a", "conv", "A_log", "dt_bias", "norm", "W_o")
+
+
+def layer_params(params, d_model, n_key_heads, n_value_heads, key_head_dim, value_head_dim):
+    """The layer's weights as float arrays, each checked against the sizes given."""
+    missing = [name for name in LAYER_PARAMS if name not in params]
+    if missing:
+        raise ValueError(f"params is missing {missing}: expected GatedDeltaNet.numpy_params()'s {list(LAYER_PARAMS)}")
+    channels, values = 2 * n_key_heads * key_head_dim + n_value_heads * value_head_dim, n_value_heads * value_head_dim
+    shapes = {"W_qkv": (d_model, channels), "W_z": (d_model, values), "W_b": (d_model, n_value_heads),
+              "W_a": (d_model, n_value_heads), "A_log": (n_value_heads,), "dt_bias": (n_value_heads,),
+              "norm": (value_head_dim,), "W_o": (values, d_model)}
+    p = {name: as_float_array(name, params[name]) for name in LAYER_PARAMS}
+    for name, shape in shapes.items():
+        if p[name].shape != shape:
+            raise ValueError(f"params[{name!r}] must have shape {validate.shape_str(shape)}, "
+                             f"got {validate.shape_str(p[name].shape)}")
+    if p["conv"].ndim != 2 or p["conv"].shape[0] != channels:
+        raise ValueError(f"params['conv'] must have shape (C, K) = ({channels}, K), got "
+                         f"{validate.shape_str(p['conv'].shape)}")
+    return p
+
+
+def softplus(x):
+    """log(1 + e^x), and x itself above 20, as torch.nn.functional.softplus."""
+    with np.errstate(over="ignore"):
+        return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+
+
+def gated_delta_net(x, params, *, n_key_heads, n_value_heads, key_head_dim, value_head_dim, norm_eps=1e-6,
+                    keep=None):
+    """Gated DeltaNet, the whole layer, from an empty state: x (..., T, d_model) -> (..., T, d_model).
+    params: `GatedDeltaNet.numpy_params()`. keep (..., T) booleans or None: False (left padding) zeroes
+    that token's input, as transformers does. The rule runs token by token (`gated_delta_rule_recurrent`)."""
+    x = as_float_array("x", x)
+    validate.check_sequence("x", x)
+    sizes = [validate.check_int(n, s) for n, s in (("n_key_heads", n_key_heads), ("n_value_heads", n_value_heads),
+                                                   ("key_head_dim", key_head_dim), ("value_head_dim", value_head_dim))]
+    H_k, H_v, d_k, d_v = sizes
+    if H_v % H_k:
+        raise ValueError(f"n_value_heads={H_v} is not a multiple of n_key_heads={H_k}")
+    p = layer_params(params, x.shape[-1], H_k, H_v, d_k, d_v)
+    if keep is not None:
+        keep = np.asarray(keep)
+        if keep.dtype != bool or keep.shape != x.shape[:-1]:
+            raise ValueError(f"keep must be booleans of shape {validate.shape_str(x.shape[:-1])} (False = padding), "
+                             f"got {keep.dtype} of shape {validate.shape_str(keep.shape)}")
+        x = x * keep[..., None]  # (..., T, d_model): padding tokens zeroed
+    T = x.shape[-2]
+    qkv, _ = causal_conv1d(x @ p["W_qkv"], p["conv"])  # (..., T, C), silu
+    q, k, v = np.split(qkv, [H_k * d_k, 2 * H_k * d_k], axis=-1)
+    q, k = (np.swapaxes(l2_normalize(t.reshape(*t.shape[:-1], H_k, d_k)), -2, -3) for t in (q, k))  # (..., H_k, T, d_k)
+    q, k = np.repeat(q, H_v // H_k, axis=-3), np.repeat(k, H_v // H_k, axis=-3)  # (..., H_v, T, d_k), consecutive
+    v = np.swapaxes(v.reshape(*v.shape[:-1], H_v, d_v), -2, -3)  # (..., H_v, T, d_v)
+    with np.errstate(over="ignore"):
+        beta = np.swapaxes(1 / (1 + np.exp(-(x @ p["W_b"]))), -1, -2)  # (..., H_v, T), the sigmoid
+    g = np.swapaxes(-np.exp(p["A_log"]) * softplus(x @ p["W_a"] + p["dt_bias"]), -1, -2)  # (..., H_v, T)
+    out, _ = gated_delta_rule_recurrent(q, k, v, g, beta)  # (..., H_v, T, d_v)
+    z = (x @ p["W_z"]).reshape(*x.shape[:-1], H_v, d_v)  # (..., T, H_v, d_v)
+    out = gated_rms_norm(np.swapaxes(out, -2, -3), z, p["norm"], norm_eps)  # (..., T, H_v, d_v)
+    return out.reshape(*x.shape[:-2], T, H_v * d_v) @ p["W_o"]  # (..., T, d_model)

@@ -31,7 +31,8 @@ The modules, each importing only those above it:
     quantization  a GGUF file's Q4_1 and Q8_0 blocks on tensors (chapter 16)
     linear     linear attention (chapter 18): recurrent, parallel and chunked (every chunk at once)
     delta      the delta rule and Gated DeltaNet (chapter 18): the step of decoding, the chunked form of
-               prefill (one triangular solve for all chunks), the causal convolution, the gated RMSNorm
+               prefill (one triangular solve for all chunks), the causal convolution, the gated RMSNorm;
+               GatedDeltaNet (from_hf: Qwen3.5's and Qwen3-Next's layers) and its StateCache
 Import the face, not the modules: `import mha.torch as mt`.
 """
 
@@ -72,8 +73,8 @@ from mha.torch.linear import (
     linear_attention_step,
 )
 from mha.torch.delta import (
-    causal_conv1d, gated_delta_chunk, gated_delta_rule_chunked, gated_delta_rule_recurrent, gated_delta_state_bytes,
-    gated_delta_step, gated_delta_update, gated_rms_norm, l2_normalize,
+    GatedDeltaNet, StateCache, causal_conv1d, gated_delta_chunk, gated_delta_rule_chunked, gated_delta_rule_recurrent,
+    gated_delta_state_bytes, gated_delta_step, gated_delta_update, gated_rms_norm, l2_normalize,
 )
 from mha.torch.tensors import check_input, check_mask_tensor, check_qkv_tensors, check_tensor, check_x_and_context
 
@@ -113,4 +114,5 @@ __all__ = [
     "elu_feature_map", "linear_attention_step", "linear_attention_recurrent", "linear_attention_parallel",
     "linear_attention_chunked", "l2_normalize", "gated_delta_update", "gated_delta_step", "gated_delta_rule_recurrent",
     "gated_delta_chunk", "gated_delta_rule_chunked", "causal_conv1d", "gated_rms_norm", "gated_delta_state_bytes",
+    "GatedDeltaNet", "StateCache",
 ]

@@ -10,11 +10,16 @@ transformers computes them; outputs come back in the input's dtype and states st
 The numpy face refuses g > 0; this one does not look (it would cost a synchronisation per call).
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from mha import validate
+from mha.torch.hf import linear as hf_linear
 from mha.torch.linear import check_floats, check_sequences, start_state, to_chunks, work_dtype
+from mha.torch.tensors import check_input, check_is_tensor
 
 
 def l2_normalize(x, eps=1e-6):
@@ -186,7 +191,7 @@ def conv(x, weight, state, activation):
     windows = xpad.to(work).unfold(-2, K, 1)  # (..., T, C, K): each step's K inputs
     y = (windows * weight.to(work)).sum(dim=-1)  # (..., T, C)
     y = F.silu(y) if activation == "silu" else y
-    return y.to(x.dtype), xpad[..., xpad.shape[-2] - (K - 1):, :]
+    return y.to(x.dtype), xpad[..., xpad.shape[-2] - (K - 1):, :].clone()  # a copy: xpad may be long
 
 
 def gated_rms_norm(x, gate, weight, eps=1e-6):
@@ -198,7 +203,11 @@ def gated_rms_norm(x, gate, weight, eps=1e-6):
         raise ValueError(f"gate must have the shape of x {validate.shape_str(x.shape)}, "
                          f"got {validate.shape_str(gate.shape)}")
     validate.check_vector("weight", weight, x.shape[-1])
-    eps = validate.check_eps(eps)
+    return rms_gate(x, gate, weight, validate.check_eps(eps))
+
+
+def rms_gate(x, gate, weight, eps):
+    """`gated_rms_norm` without the checks."""
     work = work_dtype(x.dtype)
     h = x.to(work)
     normed = (h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)  # (..., d)
@@ -217,3 +226,161 @@ def gated_delta_state_bytes(*, n_key_heads, n_value_heads, key_head_dim, value_h
     channels = 2 * sizes["n_key_heads"] * sizes["key_head_dim"] + sizes["n_value_heads"] * sizes["value_head_dim"]
     conv = (sizes["conv_kernel"] - 1) * channels
     return (recurrent + conv) * sizes["batch"] * sizes["bytes_per_value"]
+
+
+class StateCache:
+    """What a Gated DeltaNet layer keeps while decoding: `conv_state` (B, K - 1, C), the convolution's last K - 1
+    inputs, and `recurrent_state` (B, H_v, d_k, d_v) (float32 for half models, as transformers keeps it), both
+    None until the first forward. Its size never grows with T: `position` counts the tokens seen, `dropped` is
+    always 0, `nbytes` the bytes held (`gated_delta_state_bytes` of the layer)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        """Forget every token: empty states, position 0."""
+        self.conv_state, self.recurrent_state, self.position, self.dropped = None, None, 0, 0
+
+    @property
+    def nbytes(self):
+        held = (self.conv_state, self.recurrent_state)
+        return sum(a.numel() * a.element_size() for a in held if a is not None)
+
+    def __repr__(self):
+        shape = "empty" if self.recurrent_state is None else f"state {validate.shape_str(self.recurrent_state.shape)}"
+        return f"{type(self).__name__}({shape}, position {self.position})"
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet as Qwen3-Next and Qwen3.5 compute it (Yang et al., 2025): x (..., T, d_model) -> the same.
+
+    qkv = silu(causal_conv1d(x W_qkv)) split into H_k query heads, H_k key heads (both L2-normalised, each
+    serving H_v / H_k consecutive value heads) and H_v value heads; beta = sigmoid(x W_b); the log decay
+    g = -exp(A_log) softplus(x W_a + dt_bias); the gated delta rule; per value head gated_rms_norm(out, x W_z);
+    then W_o. A prompt runs the chunked form, a cached token the recurrent step."""
+
+    def __init__(self, d_model, *, n_key_heads, n_value_heads, key_head_dim, value_head_dim, conv_kernel=4,
+                 norm_eps=1e-6, chunk_size=64, device=None, dtype=None):
+        super().__init__()
+        sizes = dict(d_model=d_model, n_key_heads=n_key_heads, n_value_heads=n_value_heads,
+                     key_head_dim=key_head_dim, value_head_dim=value_head_dim, conv_kernel=conv_kernel,
+                     chunk_size=chunk_size)
+        for name, value in sizes.items():
+            setattr(self, name, validate.check_int(name, value))
+        if n_value_heads % n_key_heads:
+            raise ValueError(f"n_value_heads={n_value_heads} is not a multiple of n_key_heads={n_key_heads}: each "
+                             f"query/key head serves n_value_heads / n_key_heads value heads")
+        self.norm_eps = validate.check_eps(norm_eps)
+        self.widths = [n_key_heads * key_head_dim] * 2 + [n_value_heads * value_head_dim]  # q, k, v channels
+        made = dict(device=device, dtype=dtype)
+        self.W_qkv = nn.Linear(d_model, sum(self.widths), bias=False, **made)
+        self.W_z = nn.Linear(d_model, n_value_heads * value_head_dim, bias=False, **made)
+        self.W_b = nn.Linear(d_model, n_value_heads, bias=False, **made)
+        self.W_a = nn.Linear(d_model, n_value_heads, bias=False, **made)
+        self.conv_weight = nn.Parameter(torch.empty(sum(self.widths), conv_kernel, **made))
+        self.A_log = nn.Parameter(torch.empty(n_value_heads, **made))
+        self.dt_bias = nn.Parameter(torch.empty(n_value_heads, **made))
+        self.norm_weight = nn.Parameter(torch.empty(value_head_dim, **made))
+        self.W_o = nn.Linear(n_value_heads * value_head_dim, d_model, bias=False, **made)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        """The convolution as nn.Conv1d starts, A = exp(A_log) uniform in [1, 16] and dt = softplus(x W_a +
+        dt_bias) near log-uniform in [0.001, 0.1] at the start (Mamba's and Gated DeltaNet's initialisation)."""
+        bound = 1 / math.sqrt(self.conv_kernel)
+        self.conv_weight.uniform_(-bound, bound)
+        self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1, 16).log())
+        dt = (torch.rand_like(self.dt_bias) * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).exp()
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+        self.norm_weight.fill_(1.0)
+
+    def new_cache(self):
+        return StateCache()
+
+    def state_bytes(self, batch=1):
+        """The bytes its StateCache holds for `batch` sequences (float32 states of a half model: see StateCache)."""
+        return gated_delta_state_bytes(
+            n_key_heads=self.n_key_heads, n_value_heads=self.n_value_heads, key_head_dim=self.key_head_dim,
+            value_head_dim=self.value_head_dim, conv_kernel=self.conv_kernel, batch=batch,
+            bytes_per_value=self.W_o.weight.element_size())
+
+    def forward(self, x, *, keep=None, cache=None):
+        """x (B, T, d_model) or (T, d_model); keep (B, T) booleans (False: a padding token, its input zeroed, as
+        transformers does) or None; cache a StateCache, advanced in place, or None. Returns x's shape."""
+        check_input(self, "x", x, self.d_model, "GatedDeltaNet", weight=self.W_o.weight)
+        validate.check_ndim("x", x, 2, 3)
+        one = x.dim() == 2
+        x = x.unsqueeze(0) if one else x  # (B, T, d_model)
+        if keep is not None:
+            x = x * self.checked_keep(keep, x, one).unsqueeze(-1).to(x.dtype)  # padding tokens zeroed
+        if cache is not None and not isinstance(cache, StateCache):
+            raise TypeError(f"cache must be a StateCache (layer.new_cache()), got {type(cache).__name__}")
+        y = self.mix(x, cache)
+        return y.squeeze(0) if one else y
+
+    def checked_keep(self, keep, x, one):
+        check_is_tensor("keep", keep)
+        keep = keep.unsqueeze(0) if one and keep.dim() == 1 else keep
+        if keep.dtype != torch.bool or tuple(keep.shape) != tuple(x.shape[:2]):
+            raise ValueError(f"keep must be booleans (B, T) = {validate.shape_str(x.shape[:2])}, this call's tokens "
+                             f"(False = padding), got {keep.dtype} of shape {validate.shape_str(keep.shape)}")
+        return keep
+
+    def heads(self, x, cache):
+        """q, k (B, H_v, T, d_k) normalised (and shared by their value heads), v (B, H_v, T, d_v), and the
+        convolution's new state (B, K - 1, C)."""
+        B, T, _ = x.shape
+        held = None if cache is None else cache.conv_state
+        if held is not None and held.shape[0] != B:
+            raise ValueError(f"the cache holds {held.shape[0]} sequences, x has {B}: one cache per batch")
+        held = x.new_zeros(B, self.conv_kernel - 1, sum(self.widths)) if held is None else held
+        qkv, conv_state = conv(self.W_qkv(x), self.conv_weight, held, "silu")  # (B, T, C), (B, K - 1, C)
+        q, k, v = qkv.split(self.widths, dim=-1)
+        work, share = work_dtype(x.dtype), self.n_value_heads // self.n_key_heads
+        q, k = (t.view(B, T, self.n_key_heads, self.key_head_dim).transpose(1, 2).to(work) for t in (q, k))
+        q, k = (t * torch.rsqrt((t * t).sum(dim=-1, keepdim=True) + 1e-6) for t in (q, k))  # l2_normalize
+        if share > 1:
+            q, k = q.repeat_interleave(share, dim=1), k.repeat_interleave(share, dim=1)  # (B, H_v, T, d_k)
+        v = v.view(B, T, self.n_value_heads, self.value_head_dim).transpose(1, 2)  # (B, H_v, T, d_v)
+        return q, k, v, conv_state
+
+    def mix(self, x, cache):
+        B, T, _ = x.shape
+        q, k, v, conv_state = self.heads(x, cache)
+        work = q.dtype
+        beta = self.W_b(x).sigmoid().transpose(1, 2)  # (B, H_v, T)
+        g = -self.A_log.to(work).exp() * F.softplus(self.W_a(x).to(work) + self.dt_bias.to(work))  # (B, T, H_v)
+        g, scale = g.transpose(1, 2), self.key_head_dim ** -0.5  # (B, H_v, T)
+        state = None if cache is None else cache.recurrent_state
+        if state is None:
+            state = q.new_zeros(B, self.n_value_heads, self.key_head_dim, self.value_head_dim)
+        if T == 1:  # one token: the recurrent step
+            state = update(state, k[:, :, 0], v[:, :, 0], g[:, :, 0], beta[:, :, 0])  # (B, H_v, d_k, d_v)
+            out = (q * scale) @ state  # (B, H_v, 1, d_v)
+        else:
+            out, state = chunked(q * scale, k, v, g, beta, self.chunk_size, state, work)  # (B, H_v, T, d_v)
+        out = out.to(x.dtype).transpose(1, 2)  # (B, T, H_v, d_v)
+        z = self.W_z(x).view(B, T, self.n_value_heads, self.value_head_dim)  # (B, T, H_v, d_v)
+        out = rms_gate(out, z, self.norm_weight, self.norm_eps).reshape(B, T, -1)  # (B, T, H_v d_v)
+        if cache is not None:
+            cache.conv_state, cache.recurrent_state, cache.position = conv_state, state, cache.position + T
+        return self.W_o(out)  # (B, T, d_model)
+
+    def numpy_params(self):
+        """The weights as `mha.numpy.gated_delta_net` takes them: row vectors (W of shape (d_in, d_out))."""
+        def array(t):
+            return t.detach().cpu().numpy()
+        params = {name: array(getattr(self, name).weight).T for name in ("W_qkv", "W_z", "W_b", "W_a", "W_o")}
+        params.update(conv=array(self.conv_weight), A_log=array(self.A_log), dt_bias=array(self.dt_bias),
+                      norm=array(self.norm_weight))
+        return params
+
+    @classmethod
+    def from_hf(cls, layer, *, chunk_size=64):
+        """A copy of transformers' Qwen3_5GatedDeltaNet or Qwen3NextGatedDeltaNet (read in mha.torch.hf.linear),
+        on the layer's device and in its dtype."""
+        weight = hf_linear.check_gated_delta_net(layer).out_proj.weight
+        ours = cls(layer.hidden_size, **hf_linear.gated_delta_net_arguments(layer), chunk_size=chunk_size,
+                   device=weight.device, dtype=weight.dtype)
+        return hf_linear.copy_gated_delta_net(ours, layer)

@@ -8,6 +8,8 @@
     weights        a layer's tensors copied into the course's module, built once with those arguments
     experts        a mixture-of-experts block (DeepSeek-V3/V3.2, Qwen3-MoE, Qwen3-Next, gpt-oss) read into
                    MixtureOfExperts' arguments (experts_arguments) and its tensors copied (copy_experts)
+    linear         a Gated DeltaNet layer (Qwen3.5, Qwen3-Next) read into GatedDeltaNet's arguments
+                   (gated_delta_net_arguments) and its tensors copied, de-interleaved (copy_gated_delta_net)
 
 The entry points live with the modules they build, and read through this package: a layer with
 `GroupedQueryAttention.from_llama` (mha.torch.grouped), a gated MLP with `GatedFeedForward.from_hf`

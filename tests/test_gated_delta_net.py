@@ -72,6 +72,20 @@ def test_float64_equals_transformers_to_its_float32_rule(family):
         assert_close_to_max(ours(x), layer(x), 1e-6)  # transformers casts g and the rule to float32
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_models_round_where_transformers_rounds(dtype):
+    cfg, layer = their_layer("qwen3_5", SIZES[0], seed=9, dtype=dtype)
+    ours = mt.GatedDeltaNet.from_hf(layer)
+    x = torch.randn(2, 30, cfg.hidden_size).to(dtype)
+    theirs, mine = DynamicCache(config=cfg), ours.new_cache()
+    with torch.no_grad():
+        for part in (x, x[:, :1]):  # a prompt, then a cached step
+            expected, got = layer(part, cache_params=theirs), ours(part, cache=mine)
+            assert got.dtype == dtype and mine.recurrent_state.dtype == torch.float32  # as transformers keeps it
+            assert mine.nbytes == ours.state_bytes(2) == (4 * 8 * 6 * 4 + 3 * (2 * 2 * 8 + 4 * 6) * 2) * 2
+            assert_close_to_max(got.float(), expected.float(), 2 ** -8)  # equal here; a rounding apart elsewhere
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("index", [0, 2])
 def test_cached_decoding_token_by_token_equals_transformers(family, index):

@@ -189,9 +189,9 @@ def conv(x, weight, state, activation):
     K, work = weight.shape[1], work_dtype(x.dtype)
     xpad = torch.cat([state.to(x.dtype), x], dim=-2)  # (..., K - 1 + T, C)
     windows = xpad.to(work).unfold(-2, K, 1)  # (..., T, C, K): each step's K inputs
-    y = (windows * weight.to(work)).sum(dim=-1)  # (..., T, C)
+    y = (windows * weight.to(work)).sum(dim=-1).to(x.dtype)  # (..., T, C), rounded once as conv1d rounds it
     y = F.silu(y) if activation == "silu" else y
-    return y.to(x.dtype), xpad[..., xpad.shape[-2] - (K - 1):, :].clone()  # a copy: xpad may be long
+    return y, xpad[..., xpad.shape[-2] - (K - 1):, :].clone()  # a copy: xpad may be long
 
 
 def gated_rms_norm(x, gate, weight, eps=1e-6):
@@ -299,11 +299,14 @@ class GatedDeltaNet(nn.Module):
         return StateCache()
 
     def state_bytes(self, batch=1):
-        """The bytes its StateCache holds for `batch` sequences (float32 states of a half model: see StateCache)."""
-        return gated_delta_state_bytes(
-            n_key_heads=self.n_key_heads, n_value_heads=self.n_value_heads, key_head_dim=self.key_head_dim,
-            value_head_dim=self.value_head_dim, conv_kernel=self.conv_kernel, batch=batch,
-            bytes_per_value=self.W_o.weight.element_size())
+        """The bytes its StateCache holds for `batch` sequences: `gated_delta_state_bytes` at the weights' size,
+        but a half model's recurrent state at float32's 4 bytes (as it is kept)."""
+        sizes = dict(n_key_heads=self.n_key_heads, n_value_heads=self.n_value_heads, key_head_dim=self.key_head_dim,
+                     value_head_dim=self.value_head_dim, batch=batch)
+        size, kept = self.W_o.weight.element_size(), torch.finfo(work_dtype(self.W_o.weight.dtype)).bits // 8
+        recurrent = gated_delta_state_bytes(**sizes, conv_kernel=1, bytes_per_value=size)  # no convolution part
+        whole = gated_delta_state_bytes(**sizes, conv_kernel=self.conv_kernel, bytes_per_value=size)
+        return whole + recurrent * (kept - size) // size
 
     def forward(self, x, *, keep=None, cache=None):
         """x (B, T, d_model) or (T, d_model); keep (B, T) booleans (False: a padding token, its input zeroed, as

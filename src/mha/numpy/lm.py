@@ -15,6 +15,7 @@ import numpy as np
 from mha import validate
 from mha.numpy.attention import as_float_array, soft_cap
 from mha.numpy.blocks import feed_forward, layer_norm
+from mha.numpy.delta import gated_delta_net
 from mha.numpy.experts import mixture_of_experts
 from mha.numpy.grouped import grouped_query_attention
 from mha.numpy.latent import latent_attention
@@ -47,7 +48,6 @@ def lm_attention(x, params, mask=None, positions=None, keep=None):
     "params", "options"}: `latent_attention`, positions 0 .. T - 1), or a linear layer ({"kind": "linear",
     "params", "options"}: `gated_delta_net`, keep (B, T) its padding, no weights)."""
     if params.get("kind") == "linear":
-        from mha.numpy.delta import gated_delta_net  # TODO(#42): at the top once delta.py lands
         return gated_delta_net(x, params["params"], **params["options"], keep=keep), None
     if params.get("kind") == "latent":
         if positions is not None and not np.array_equal(positions, np.broadcast_to(np.arange(x.shape[-2]),

@@ -137,6 +137,7 @@ def layer_rope(attention):
         rope = dict(rope[kind])
     elif getattr(config, "rope_local_base_freq", None) is not None and kind == "sliding_attention":
         rope = {"rope_type": "default", "rope_theta": config.rope_local_base_freq}  # transformers 4's Gemma 3
+    mrope_fields(attention, rope)  # Qwen3.5's sections checked, whatever the RoPE's type
     factor = partial_rotary_factor(attention)
     if factor != 1.0 and type(attention).__name__ not in PARTIAL_ROTARY_HALVES:
         refuse(attention, [f"partial_rotary_factor={factor} (RoPE on part of each head's features, in a layout "

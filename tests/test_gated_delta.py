@@ -215,3 +215,13 @@ def test_bad_input_is_refused_by_name():
         mnp.causal_conv1d(np.zeros((2, 3, 6)), np.zeros((6, 4)), activation="gelu")
     with pytest.raises(ValueError, match=r"gate must have the shape of x"):
         mt.gated_rms_norm(torch.zeros(3, 4), torch.zeros(3, 5), torch.ones(4))
+
+
+def test_the_numpy_face_keeps_float32():
+    q, k, v, g, beta, S0 = (None if a is None else a.astype(np.float32) for a in case(41, T=9))
+    for decay in (g, None):
+        out, state = mnp.gated_delta_chunk(S0, q, k, v, decay, beta)
+        assert out.dtype == state.dtype == np.float32
+        out, state = mnp.gated_delta_rule_chunked(q, k, v, decay, beta, chunk_size=4)
+        assert out.dtype == state.dtype == mnp.gated_delta_rule_recurrent(q, k, v, decay, beta)[0].dtype == np.float32
+    assert mnp.causal_conv1d(v, np.ones((5, 3), np.float32))[0].dtype == np.float32

@@ -117,14 +117,14 @@ def gated_delta_chunk(state, q, k, v, g, beta):
     g, beta = check_gates(g, beta, k.shape[:-1])
     state = start_state(state, k, v)
     C = k.shape[-2]
-    G = np.zeros(beta.shape) if g is None else np.cumsum(g, axis=-1)  # (..., C): log decay since the start
+    G = np.zeros_like(beta) if g is None else np.cumsum(g, axis=-1)  # (..., C): log decay since the start
     below = np.tril(np.ones((C, C), dtype=bool), -1)  # (C, C): s < t
     gap = np.where(below | np.eye(C, dtype=bool), G[..., :, None] - G[..., None, :], -np.inf)  # (..., C, C)
     decay = np.exp(gap)  # (..., C, C): exp(G_t - G_s) where s <= t, else 0
     kk = k @ np.swapaxes(k, -1, -2)  # (..., C, C): k_t . k_s
     A = np.where(below, beta[..., :, None] * decay * kk, 0)  # (..., C, C): how u_s enters u_t
     rhs = beta[..., None] * (v - np.exp(G)[..., None] * (k @ state))  # (..., C, d_v): the error against S_0
-    u = np.linalg.solve(np.eye(C) + A, rhs)  # (..., C, d_v): (I + A) U = rhs, lower triangular
+    u = np.linalg.solve(np.eye(C, dtype=A.dtype) + A, rhs)  # (..., C, d_v): (I + A) U = rhs, lower triangular
     qk = (q @ np.swapaxes(k, -1, -2)) * decay  # (..., C, C): q_t . k_s, decayed from s to t, s <= t
     out = np.exp(G)[..., None] * (q @ state) + qk @ u  # (..., C, d_v): the old state read, plus the chunk
     to_end = np.exp(G[..., -1:] - G)  # (..., C): decay from each token to the chunk's end

@@ -228,6 +228,7 @@ def right_solutions():
     import solutions_ch15
     import solutions_ch16
     import solutions_ch17
+    import solutions_ch18
 
     from mha.checks.registry import CHECKS
     found = {**solutions_ch01_06.FROM_SCRATCH, **solutions_ch07_12.FROM_SCRATCH, **solutions_ch13.FROM_SCRATCH}
@@ -235,6 +236,7 @@ def right_solutions():
     found.update({f.__name__: f for f in solutions_ch15.FROM_SCRATCH if f.__name__ in CHECKS})
     found.update({f.__name__: f for f in solutions_ch16.FROM_SCRATCH if f.__name__ in CHECKS})
     found.update({f.__name__: f for f in solutions_ch17.FROM_SCRATCH if f.__name__ in CHECKS})
+    found.update({f.__name__: f for f in solutions_ch18.FROM_SCRATCH if f.__name__ in CHECKS})
     return found
 
 

@@ -188,4 +188,4 @@ def test_float64_answers_to_float32_inputs_pass_unless_the_text_promises_float32
         checks.check_apply_rotary(rotary_in_float64, seed=0)
     assert {n for n, c in CHECKS.items() if c.float32_promised} == {
         "sinusoidal_positions", "apply_rotary", "attend_with_cache", "dequantize_q4_1", "absorbed_latent_decode",
-        "sink_softmax", "route_tokens"}
+        "sink_softmax", "route_tokens", "linear_attention_step", "gated_delta_update", "gated_delta_chunk"}

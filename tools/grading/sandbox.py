@@ -50,10 +50,11 @@ from tools.grading.bubblewrap import SANDBOX, bubblewrap_command, bubblewrap_wor
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-# Packages that compute what the exercises ask for (softmax, attention, norms, a GGUF block's weights): never
-# importable.
+# Packages that compute what the exercises ask for (softmax, attention, norms, a GGUF block's weights, the gated
+# delta rule: fla and causal_conv1d, transformers' kernels for Qwen3-Next): never importable.
 ALWAYS_HIDDEN = ("torch", "functorch", "torchgen", "jax", "jaxlib", "tensorflow", "keras", "sklearn",
-                 "transformers", "tokenizers", "einops", "numba", "cupy", "gguf", "llama_cpp", "mha_full")
+                 "transformers", "tokenizers", "einops", "numba", "cupy", "gguf", "llama_cpp", "fla", "causal_conv1d",
+                 "mha_full")
 MAYBE_HIDDEN = ("scipy",)  # hidden unless the exercise lists it in `packages`
 STDERR = None if os.environ.get("MHA_GRADER_DEBUG") else subprocess.DEVNULL  # the worker's own errors
 WORKDIR = "/tmp/work"  # the student's current folder and home inside bubblewrap (in its private /tmp)

@@ -18,8 +18,9 @@ The answers are compared with a copy of `mha.numpy` taken when `mha.checks` is
 imported (`mha.checks.reference`), so reassigning `mha.numpy.softmax` changes
 nothing; and a solution that calls the very function it should replace is refused
 (`mha.checks.own_work`). Each chapter's checks live in `mha.checks.ch01` ...
-`mha.checks.ch17` (chapter 13's in two: `ch13` and `ch13_queries_keys`; chapter 14's in `ch14` and
-`ch14_training`; chapter 15's in `ch15` and `ch15_ranks`; chapter 17's in `ch17` and `ch17_choices`), with their
+`mha.checks.ch18` (chapter 13's in two: `ch13` and `ch13_queries_keys`; chapter 14's in `ch14` and
+`ch14_training`; chapter 15's in `ch15` and `ch15_ranks`; chapter 17's in `ch17` and `ch17_choices`; chapter 18's in
+`ch18` and `ch18_chunk`), with their
 cases and their catalogue of classic mistakes side by side; what several chapters share is in `mha.checks.common` (no chapter's module imports
 another's); the machinery that registers and runs them is `mha.checks.registry`.
 """
@@ -47,6 +48,7 @@ from mha.checks.ch15_ranks import check_rank_partial_output, check_ring_attentio
 from mha.checks.ch16 import check_dequantize_q4_1
 from mha.checks.ch17 import check_absorbed_latent_decode, check_sink_softmax
 from mha.checks.ch17_choices import check_route_tokens, check_select_top_k_keys
+from mha.checks.ch18 import check_gated_delta_chunk, check_gated_delta_update, check_linear_attention_step
 from mha.checks.registry import CheckFailed
 
 __all__ = [
@@ -72,4 +74,5 @@ __all__ = [
     "check_ulysses_all_to_all", "check_ring_attention_lists", "check_rank_partial_output",  # chapter 15, the ranks
     "check_dequantize_q4_1",  # chapter 16
     "check_absorbed_latent_decode", "check_sink_softmax", "check_select_top_k_keys", "check_route_tokens",  # ch. 17
+    "check_linear_attention_step", "check_gated_delta_update", "check_gated_delta_chunk",  # chapter 18
 ]

@@ -228,3 +228,18 @@ TOP_K_KEYS_FORBIDS = ("top_k_filter", "filter_logits", "route_tokens", "route_to
 # in SOFTMAX_ROUTES); select_top_k_keys chooses each row's top_k, ties to the lower index, the exercise's core; any
 # softmax of mha gives the scores: the text permits nothing from mha.
 ROUTER_FORBIDS = joined(routes_but(SOFTMAX_ROUTES, "route_tokens"), ("select_top_k_keys",))
+
+# Chapter 18 -----------------------------------------------------------------------------------------------
+
+# Every function of linear attention and of the delta rule computes the step, the update or the chunk: the recurrent
+# and chunked forms from an initial state (one token, or C), the parallel form (q k^T masked, times v: a step's new
+# part), gated_delta_update with v + k S and beta = 1 (the linear write k^T v), gated_delta_step (the update and the
+# read). The texts permit nothing from mha. Not mnp.gated_delta_net (nor transformer_lm through it): the layer wraps the
+# rule in a convolution, L2 norms of q and k and a gated RMSNorm of each output, which no parameters undo. transformers'
+# and fla's functions are refused by the rules (mha.checks.rules) and absent from the grader's worker.
+LINEAR_ROUTES = ("linear_attention_step", "linear_attention_recurrent", "linear_attention_parallel",
+                 "linear_attention_chunked", "gated_delta_update", "gated_delta_step", "gated_delta_rule_recurrent",
+                 "gated_delta_chunk", "gated_delta_rule_chunked")
+LINEAR_STEP_FORBIDS = routes_but(LINEAR_ROUTES, "linear_attention_step")
+GATED_DELTA_UPDATE_FORBIDS = routes_but(LINEAR_ROUTES, "gated_delta_update")
+GATED_DELTA_CHUNK_FORBIDS = routes_but(LINEAR_ROUTES, "gated_delta_chunk")

@@ -1,4 +1,4 @@
-"""The route each exercise of chapters 1 to 12 and 16 asks for, as rules on the learner's code (mha.checks.syntax).
+"""The route each exercise of chapters 1 to 12, 16 and 18 asks for, as rules on the learner's code (mha.checks.syntax).
 
 Each tuple below is one check's `rules`, audited against its exercise's text: a rule forbids what the text
 forbids (`np.tril`, `@`, `reshape`) and requires what it asks for (a loop, `np.einsum`, `np.repeat`), never
@@ -81,3 +81,24 @@ DEQUANTIZE_Q4_1_RULES = (Rule("read the bytes yourself, with NumPy: not with the
                               forbids=("gguf", "quants", "dequantize", "dequantize_blocks", "dequantize_rows", "Q4_1",
                                        "GGUFReader", "GGMLQuantizationType", "transformers", "load_dequant_gguf_tensor",
                                        "llama_cpp", "ggml")),)
+
+# Chapter 18 -----------------------------------------------------------------------------------------------
+
+# transformers' qwen3_next file and the fla package compute the gated delta rule (torch_recurrent_gated_delta_rule,
+# torch_chunk_gated_delta_rule, fla's chunk_ and fused_recurrent_ kernels) and fla linear attention: the exercises
+# write the recurrence with NumPy. (The library's functions use none of these: `forbids` cannot name a route outside
+# mha.)
+OUTSIDE_LINEAR = ("transformers", "qwen3_next", "modeling_qwen3_next", "qwen3_5", "torch_recurrent_gated_delta_rule",
+                  "torch_chunk_gated_delta_rule", "fla", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule",
+                  "chunk_linear_attn", "fused_recurrent_linear_attn")
+NUMPY_ONLY_RULE = Rule("write it with NumPy: not with transformers' gated delta rule (torch_recurrent_gated_delta_rule, "
+                       "torch_chunk_gated_delta_rule) nor the fla package", forbids=OUTSIDE_LINEAR)
+LINEAR_STEP_RULES = (NUMPY_ONLY_RULE,)
+GATED_DELTA_UPDATE_RULES = (NUMPY_ONLY_RULE,)
+# The chunk is the parallel form: every token of the chunk at once, with matrix products and one triangular solve
+# (np.linalg.solve or np.linalg.inv of I + A), never a loop over the tokens (the library's reference has none either:
+# the rule tells the chunk from C steps of the recurrence, whose answers are the same).
+GATED_DELTA_CHUNK_RULES = (NUMPY_ONLY_RULE,
+                           Rule("handle the chunk's tokens all at once: matrix products and one triangular solve "
+                                "(np.linalg.solve), no loop over the tokens (no for or while, no comprehension)",
+                                forbids=("loop", "comprehension")),)

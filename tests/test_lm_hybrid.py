@@ -8,11 +8,11 @@ key heads than value heads (each key head serving consecutive value heads); Qwen
 text the three rows of positions are one: plain RoPE over the rotary part); several experts active per token and
 the shared expert; weights drawn from N(0, 0.3). Logits must equal transformers' (eager attention and experts,
 its PyTorch references of the gated delta rule and the causal convolution, put in place of whatever kernels
-`fla` or `causal_conv1d` would give where installed: `torch_references`) in float32 to 1e-5 x the largest logit at every real token
-of a left-padded batch, past transformers' chunk of 64 once; in float64 unpadded to 1e-5 too (transformers computes the
-delta rule in float32 whatever the model's dtype; the numpy twin agrees to 1e-10); greedy tokens equal generate()'s
-with and without the cache on a left-padded batch of 3; decoding with the cache equals the whole sequence, and the
-linear layers' states do not grow with T while the full layers' caches do."""
+`fla` or `causal_conv1d` would give where installed: `torch_references`) in float32 to 1e-5 x the largest logit
+at every real token of a left-padded batch, past transformers' chunk of 64 once; in float64 unpadded to 1e-5 too
+(transformers computes the delta rule in float32 whatever the model's dtype; the numpy twin agrees to 1e-10);
+greedy tokens equal generate()'s with and without the cache on a left-padded batch of 3; decoding with the cache
+equals the whole sequence, and the linear layers' states do not grow with T while the full layers' caches do."""
 
 import dataclasses
 import inspect

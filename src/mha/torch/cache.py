@@ -94,7 +94,8 @@ def cache_bytes(caches):
     """The bytes held by a model's caches: a list as `TransformerLM.new_cache()` makes it (after a forward
     filled it), or one layer's cache. Each distinct cache is counted once (layers sharing keys and values hold
     their source's cache, the same object) and None (no cache) counts 0; each cache says its own `nbytes`
-    (KVCache: keys and values; LatentCache: latents and rotary keys).
+    (KVCache: keys and values; LatentCache: latents and rotary keys; a linear layer's StateCache: its recurrent
+    state and its convolution's last inputs, the same bytes whatever T, beside the KV caches that grow).
 
     Bytes per token: cache_bytes(cache) / (batch * T) after a forward of T tokens; a sliding window's cache
     holds at most window - 1 positions, so there it is per held position, not per token seen."""

@@ -60,7 +60,8 @@ def test_the_chunk_reference_is_C_steps_of_the_update_reference_read_by_q():
 
 
 def test_the_step_reference_is_linear_attention_over_the_cached_tokens():
-    """The state after the step is the earlier one plus k^T v; the output is q @ that: with an empty state, (q . k) v."""
+    """The state after the step is the earlier one plus k^T v; the output is q @ that (with an empty state, (q . k)
+    v)."""
     for case in all_cases(STEP, SEEDS[:4]):
         state, q, k, v = case.args
         out, new_state = expected_answer(STEP, case)

@@ -64,8 +64,8 @@ NAMED_ROUTES = {
                           "    np.put_along_axis(picked, chosen, True, axis=-1)\n    return picked & allowed"),
     "route_tokens": ("return mnp.route_tokens_in_groups(logits, top_k, n_groups=1, top_groups=1, scoring=scoring, "
                      "normalize=normalize, bias=bias)"),
-    "linear_attention_step": ("return mnp.gated_delta_step(state, q, k, v + (k[..., None, :] @ state)[..., 0, :], None, "
-                              "np.ones(k.shape[:-1], dtype=k.dtype))"),
+    "linear_attention_step": ("return mnp.gated_delta_step(state, q, k, v + (k[..., None, :] @ state)[..., 0, :], "
+                              "None, np.ones(k.shape[:-1], dtype=k.dtype))"),
     "gated_delta_update": "return mnp.gated_delta_step(state, k, k, v, g, beta)[1]",
     "gated_delta_chunk": "return mnp.gated_delta_rule_recurrent(q, k, v, g, beta, scale=1.0, initial_state=state)",
 }

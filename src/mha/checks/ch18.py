@@ -13,7 +13,7 @@ key (g and beta without their new axes line up with d_v, silently).
 
 import numpy as np
 
-from mha.checks.ch18_chunk import check_gated_delta_chunk, unit_keys  # noqa: F401 (re-exported)
+from mha.checks.ch18_chunk import check_gated_delta_chunk, unit_keys
 from mha.checks.inputs import batch, normal, sizes
 from mha.checks.registry import Case, cases_for, make_check, mistake, random_cases_for
 from mha.checks.routes import GATED_DELTA_UPDATE_FORBIDS, LINEAR_STEP_FORBIDS
@@ -251,3 +251,6 @@ def update_write_transposed(state, k, v, g, beta):
 
 
 check_gated_delta_update = make_check("gated_delta_update")
+
+# The chapter's three checks, the chunk's from mha.checks.ch18_chunk: `from mha.checks.ch18 import ...` finds each.
+CHAPTER_CHECKS = (check_linear_attention_step, check_gated_delta_update, check_gated_delta_chunk)

@@ -133,6 +133,7 @@ class TransformerLM(nn.Module):
         self.kv_sources = tuple(config.kv_source(i) for i in range(config.n_layers))
         self.kv_shared = frozenset(j for i, j in enumerate(self.kv_sources) if j != i)  # layers whose keys are reused
         self.kv_makers = tuple(sorted(set(self.kv_sources)))  # layers that make (and cache) keys
+        self.linear_layers = tuple(i for i, block in enumerate(self.blocks) if block.linear)  # GatedDeltaNets
         self.norm = make_norm(config, **options)
         self.output = None if config.tie_embeddings else \
             nn.Linear(config.d_model, config.vocab_size, bias=False, **options)
@@ -188,10 +189,11 @@ class TransformerLM(nn.Module):
         x = self.embed(tokens, position_ids)  # (B, T, d_model)
         rope_positions = None if self.positions is not None else rope_positions
         all_weights, shared = [], {}  # shared: layer -> (keys, values, start, first held position) for its sharers
+        linear_mask = linear_keep(keep, T) if self.linear_layers else None  # (B, T) or None: this call's padding
         for i, block in enumerate(self.blocks):
             source = self.kv_sources[i]
             if block.linear:  # a Gated DeltaNet: this call's padding zeroes its inputs; its cache is a state
-                x, weights = block(x, cache=None if cache is None else cache[i], keep=linear_keep(keep, T))
+                x, weights = block(x, cache=None if cache is None else cache[i], keep=linear_mask)
             elif source != i:  # KV sharing: this layer attends to its source's keys and values of this call
                 keys, values, kv_start, first = shared[source]
                 mask = layer_mask(keep, None, head_mask, i, first=first)  # (B, 1 or h, 1, T_k) or None
@@ -216,7 +218,7 @@ class TransformerLM(nn.Module):
 
     def check_linear_options(self, return_weights, head_mask):
         """A hybrid's linear layers have no attention weights to return and no heads of the full layers' kind."""
-        linear = [i for i, block in enumerate(self.blocks) if block.linear]
+        linear = list(self.linear_layers)
         if linear and (return_weights or head_mask is not None):
             asked = "return_weights=True" if return_weights else "a head_mask"
             raise ValueError(f"{asked} is for attention layers; layers {linear} are linear (GatedDeltaNet), "

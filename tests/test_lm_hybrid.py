@@ -276,6 +276,18 @@ def test_an_mrope_that_is_not_three_sections_or_not_qwen3_5s_is_refused_by_name(
         mt.from_transformers(model)
 
 
+def test_what_a_linear_layer_does_beyond_gated_deltanet_is_refused_by_name():
+    model = hf_model("qwen3_5, linear linear full, 2 key heads for 6 value heads")
+    model.model.layers[1].linear_attn.norm.variance_epsilon = 1e-3  # one linear layer unlike the other
+    with pytest.raises(ValueError, match="linear-attention layers that differ from layer to layer"):
+        mt.from_transformers(model)
+    model = hf_model("qwen3_next, linear full linear, 3 of 6 experts, a dense layer")
+    conv = model.model.layers[2].linear_attn.conv1d
+    conv.bias = torch.nn.Parameter(torch.ones(conv.out_channels))
+    with pytest.raises(ValueError, match="a bias in the causal convolution of Qwen3NextGatedDeltaNet"):
+        mt.from_transformers(model)
+
+
 def tiny_config(**changes):
     linear = dict(n_key_heads=1, n_value_heads=2, key_head_dim=4, value_head_dim=3)
     options = dict(vocab_size=V, d_model=8, n_layers=3, d_ff=12, attention=dict(n_heads=2, d_head=4),

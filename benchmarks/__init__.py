@@ -34,6 +34,10 @@ The modules, each also runnable alone (`python -m benchmarks.speed`):
   latent_decode  chapter 17: a tiny DeepSeek-V3, greedy: prefill and decoding of the course's copy
             (a latent cache, decoding in the absorbed form) against transformers' generate() on the
             same model, at 1 and 2 threads (target <= 1.00x, both phases)
+  linear_decode  chapter 18: one decoded token with a KV cache of T tokens against a Gated DeltaNet's
+            fixed state (time and bytes, T = 64 ... 16384, the crossings read from the rows); the
+            gated delta rule's chunked prefill against the recurrent one (T up to 4096); a tiny
+            Qwen3.5 hybrid, greedy, against transformers' generate() (target <= 1.00x decoding)
   gpu       the GPU run (bf16/fp16, long T, fused kernels); says so and exits 0
             without a GPU. Not part of `python -m benchmarks`: run it on the GPU machine.
 
@@ -53,5 +57,6 @@ the machine it came from), so that its pages do not change from run to run; they
 ship inside the library, so the chapter runs in Colab too.
 Refresh them deliberately, then re-execute the chapters that read them (08, and 12 for
 generation, kv_cache_memory, gqa_vs_pytorch, decoding_vs_transformers and
-generate_vs_transformers; 16 for smollm2_generate).
+generate_vs_transformers; 16 for smollm2_generate; 17 for deepseek_v3_decode; 18 for
+state_versus_cache, chunked_prefill and hybrid_decode).
 """

@@ -4,12 +4,14 @@ import argparse
 import sys
 import time
 
-from benchmarks import decoding, distributed, generation, latent_decode, memory, real_model, speed, sweeps, training
+from benchmarks import (
+    decoding, distributed, generation, latent_decode, linear_decode, memory, real_model, speed, sweeps, training,
+)
 from benchmarks.harness import machine
 
-MODULES = (speed, sweeps, memory, generation, decoding, training, distributed, real_model, latent_decode)
+MODULES = (speed, sweeps, memory, generation, decoding, training, distributed, real_model, latent_decode, linear_decode)
 NAMES = [*speed.TABLES, *sweeps.TABLES, "memory", *generation.TABLES, *decoding.TABLES, *training.TABLES,
-         *distributed.TABLES, *real_model.TABLES, *latent_decode.TABLES]
+         *distributed.TABLES, *real_model.TABLES, *latent_decode.TABLES, *linear_decode.TABLES]
 
 
 def main(argv=None):

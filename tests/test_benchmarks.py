@@ -22,7 +22,7 @@ from mha import benchmark_results
 STORED = ["mha_vs_pytorch", "encoder_vs_pytorch", "numpy_vs_pytorch", "causal", "sweep_T", "sweep_h",
           "loop_vs_fused", "memory", "generation", "kv_cache_memory", "gqa_vs_pytorch", "decoding_vs_transformers",
           "generate_vs_transformers", "training_vs_pytorch", "sampling_speed", "distributed_step",
-          "smollm2_generate", "deepseek_v3_decode"]
+          "smollm2_generate", "deepseek_v3_decode", "state_versus_cache", "chunked_prefill", "hybrid_decode"]
 
 
 @pytest.fixture(scope="module")

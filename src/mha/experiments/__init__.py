@@ -29,7 +29,10 @@
 - `seeds`: claims over seeds: sweeps (an experiment run on many seeds), their tables stored in
   `seed_tables/` by tools/data/seed_sweeps.py, read by the chapters and re-derived by the tests.
   Each chapter's sweeps live beside its experiment (`tasks`: ch02_*, `stacks`: ch06_*, `heads`: ch07_*,
-  `positions`: ch10_*, `induction`: ch11_*, `sharing`: ch12_*, `real_heads`: ch16_*).
+  `positions`: ch10_*, `induction`: ch11_*, `sharing`: ch12_*, `real_heads`: ch16_*, `remembering`: ch17_*,
+  `recall`: ch18_*).
+- `recall`: chapter 18's multi-query associative recall, learned by one layer of softmax attention, linear
+  attention, DeltaNet or Gated DeltaNet at one state size (`recall_model`: the models).
 
 Import them as `from mha.experiments import tasks` or
 `from mha.experiments.heads import AttentionReadout`.

@@ -1,8 +1,8 @@
 """The benchmark tables of the last deliberate run, stored with the library.
 
 `python -m benchmarks --save src/mha/benchmark_results` writes them (one JSON and
-one CSV file per table); chapters 8, 12 and 16 read them with `load` and print them with `show`. Shipping them inside
-the package lets the chapter run wherever `mha` is installed, Colab included,
+one CSV file per table); chapters 8, 12, 16, 17 and 18 read them with `load` and print them with `show`. Shipping them
+inside the package lets the chapter run wherever `mha` is installed, Colab included,
 and keeps its pages the same from one build to the next.
 """
 

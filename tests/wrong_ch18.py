@@ -97,6 +97,19 @@ def chunk_token_by_token(state, q, k, v, g, beta):
     return np.stack(outs, axis=-2), state
 
 
+def chunk_by_reduce(state, q, k, v, g, beta):
+    """Right answers by the recurrence, looped by functools.reduce instead of a for statement: refused too."""
+    from functools import reduce
+
+    def step(carry, t):
+        S, outs = carry
+        S = gated_delta_update(S, k[..., t, :], v[..., t, :], None if g is None else g[..., t], beta[..., t])
+        return S, outs + [(q[..., t, None, :] @ S)[..., 0, :]]
+
+    state, outs = reduce(step, range(k.shape[-2]), (state, []))
+    return np.stack(outs, axis=-2), state
+
+
 def chunk_with_forward_substitution(state, q, k, v, g, beta):
     """The WY form, but the triangular system solved row by row in a loop: the rule refuses it too."""
     C = k.shape[-2]
@@ -149,4 +162,4 @@ MESSAGES = [
 ]
 
 # Right answers by a route that the chunk's rule refuses: the words of the rule's message.
-LOOPS = [chunk_token_by_token, chunk_with_forward_substitution]
+LOOPS = [chunk_token_by_token, chunk_with_forward_substitution, chunk_by_reduce]

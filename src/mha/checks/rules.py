@@ -95,10 +95,12 @@ NUMPY_ONLY_RULE = Rule("write it with NumPy: not with transformers' gated delta 
                        "torch_chunk_gated_delta_rule) nor the fla package", forbids=OUTSIDE_LINEAR)
 LINEAR_STEP_RULES = (NUMPY_ONLY_RULE,)
 GATED_DELTA_UPDATE_RULES = (NUMPY_ONLY_RULE,)
+LOOPS_IN_DISGUISE = ("reduce", "map", "accumulate", "starmap", "vectorize", "frompyfunc", "apply_along_axis")
 # The chunk is the parallel form: every token of the chunk at once, with matrix products and one triangular solve
 # (np.linalg.solve or np.linalg.inv of I + A), never a loop over the tokens (the library's reference has none either:
 # the rule tells the chunk from C steps of the recurrence, whose answers are the same).
 GATED_DELTA_CHUNK_RULES = (NUMPY_ONLY_RULE,
                            Rule("handle the chunk's tokens all at once: matrix products and one triangular solve "
-                                "(np.linalg.solve), no loop over the tokens (no for or while, no comprehension)",
-                                forbids=("loop", "comprehension")),)
+                                "(np.linalg.solve), no loop over the tokens (no for or while, no comprehension, "
+                                "no reduce, map or accumulate over them)",
+                                forbids=("loop", "comprehension") + LOOPS_IN_DISGUISE),)

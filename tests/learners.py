@@ -178,6 +178,22 @@ def failures_on_every_seed(name, fn, seeds=SEEDS):
     return messages
 
 
+def labelled(name, words, seed=0):
+    """The named case of check_<name> (drawn with `seed`) whose label holds `words`."""
+    from mha.checks.registry import CHECKS
+    return next(case for case in CHECKS[name].named_cases(seed) if words in case.label)
+
+
+def all_cases(name, seeds=SEEDS):
+    """The named cases of every seed, then the random ones of every seed."""
+    import numpy as np
+
+    from mha.checks.registry import CHECKS
+    check = CHECKS[name]
+    named = [case for seed in seeds for case in check.named_cases(seed)]
+    return named + [case for seed in seeds for case in check.make_random_cases(np.random.default_rng(seed))]
+
+
 class ThisIsTheExercise(Exception):
     """What a function of the student edition raises when the exercise forbids it."""
 

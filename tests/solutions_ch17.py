@@ -2,47 +2,11 @@
 (tests/test_checks_ch17.py, and the gathering of right solutions in tests/learners.py), and what those tests share:
 running a check, its failures on every seed, a named case by its words, the cases of several seeds."""
 
-import io
-from contextlib import redirect_stdout
-
 import numpy as np
-import pytest
 
-from learners import SEEDS
-
-import mha.checks
-from mha.checks.registry import CHECKS, CheckFailed
+from learners import SEEDS, all_cases, failures_on_every_seed, labelled, run  # noqa: F401 (the tests import them here)
 
 CHAPTER_17 = ["absorbed_latent_decode", "sink_softmax", "select_top_k_keys", "route_tokens"]
-
-
-def run(name, fn, seed):
-    """check_<name> of mha.checks (chapter 17's) on fn with `seed`; the line it printed (its confirmation)."""
-    printed = io.StringIO()
-    with redirect_stdout(printed):
-        getattr(mha.checks, f"check_{name}")(fn, seed=seed)
-    return printed.getvalue().strip()
-
-
-def failures_on_every_seed(name, fn, seeds=SEEDS):
-    """The messages of check_<name>(fn) on `seeds`; fails the test if any seed lets fn pass."""
-    messages = []
-    for seed in seeds:
-        with pytest.raises(CheckFailed) as info:
-            run(name, fn, seed)
-        messages.append(str(info.value))
-    return messages
-
-
-def labelled(name, words, seed=0):
-    return next(case for case in CHECKS[name].named_cases(seed) if words in case.label)
-
-
-def all_cases(name, seeds=SEEDS):
-    """The named cases of every seed, then the random ones of every seed."""
-    check = CHECKS[name]
-    named = [case for seed in seeds for case in check.named_cases(seed)]
-    return named + [case for seed in seeds for case in check.make_random_cases(np.random.default_rng(seed))]
 
 
 # absorbed_latent_decode: NumPy only ---------------------------------------------------------------------------

@@ -8,47 +8,11 @@ S_t = exp(g_t) S_{t-1} + beta_t k_t^T (v_t - k_t exp(g_t) S_{t-1}) (Schlag et al
 chunk of C tokens is computed at once in the WY form (Yang et al., 2024): one triangular solve gives the values
 actually written, u = (I + A)^-1 beta (v - Gamma k S_0)."""
 
-import io
-from contextlib import redirect_stdout
-
 import numpy as np
-import pytest
 
-from learners import SEEDS
-
-import mha.checks
-from mha.checks.registry import CHECKS, CheckFailed
+from learners import SEEDS, all_cases, failures_on_every_seed, labelled, run  # noqa: F401 (the tests import them here)
 
 CHAPTER_18 = ["linear_attention_step", "gated_delta_update", "gated_delta_chunk"]
-
-
-def run(name, fn, seed):
-    """check_<name> of mha.checks (chapter 18's) on fn with `seed`; the line it printed (its confirmation)."""
-    printed = io.StringIO()
-    with redirect_stdout(printed):
-        getattr(mha.checks, f"check_{name}")(fn, seed=seed)
-    return printed.getvalue().strip()
-
-
-def failures_on_every_seed(name, fn, seeds=SEEDS):
-    """The messages of check_<name>(fn) on `seeds`; fails the test if any seed lets fn pass."""
-    messages = []
-    for seed in seeds:
-        with pytest.raises(CheckFailed) as info:
-            run(name, fn, seed)
-        messages.append(str(info.value))
-    return messages
-
-
-def labelled(name, words, seed=0):
-    return next(case for case in CHECKS[name].named_cases(seed) if words in case.label)
-
-
-def all_cases(name, seeds=SEEDS):
-    """The named cases of every seed, then the random ones of every seed."""
-    check = CHECKS[name]
-    named = [case for seed in seeds for case in check.named_cases(seed)]
-    return named + [case for seed in seeds for case in check.make_random_cases(np.random.default_rng(seed))]
 
 
 # linear_attention_step: NumPy only -------------------------------------------------------------------------------

@@ -194,6 +194,20 @@ def all_cases(name, seeds=SEEDS):
     return named + [case for seed in seeds for case in check.make_random_cases(np.random.default_rng(seed))]
 
 
+def torch_twin(name):
+    """mha.torch's twin of the exercise's function, called with the check's NumPy arrays as tensors: a route
+    that every check of a NumPy exercise must refuse."""
+    import numpy as np
+    import torch
+
+    import mha.torch as mt
+
+    def with_torch(*args, **kwargs):
+        as_tensors = [torch.from_numpy(np.asarray(a)) if isinstance(a, np.ndarray) else a for a in args]
+        return getattr(mt, name)(*as_tensors, **kwargs)
+    return with_torch
+
+
 class ThisIsTheExercise(Exception):
     """What a function of the student edition raises when the exercise forbids it."""
 

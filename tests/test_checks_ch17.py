@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from learners import SEEDS, exercise_texts, hint_of, student_edition
+from learners import SEEDS, exercise_texts, hint_of, student_edition, torch_twin
 from solutions_ch17 import CHAPTER_17, FROM_SCRATCH, all_cases, failures_on_every_seed, labelled, run
 from wrong_ch17 import TRAPPED, expanded_keys, router_written, softmax
 
@@ -263,13 +263,7 @@ def test_the_library_s_routes_are_refused(name, route, words):
 
 @pytest.mark.parametrize("name", CHAPTER_17)
 def test_the_torch_twin_is_refused(name):
-    torch = pytest.importorskip("torch")
-    import mha.torch as mt
-
-    def with_torch(*args, **kwargs):
-        as_tensors = [torch.from_numpy(np.asarray(a)) if isinstance(a, np.ndarray) else a for a in args]
-        return getattr(mt, name)(*as_tensors, **kwargs)
-    for message in failures_on_every_seed(name, with_torch, seeds=SEEDS[:1]):
+    for message in failures_on_every_seed(name, torch_twin(name), seeds=SEEDS[:1]):
         assert f"calls mha's own {name}" in message, message
 
 

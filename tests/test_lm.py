@@ -14,6 +14,8 @@ import pytest
 import torch
 import transformers
 
+from greedy import margins
+
 import mha.numpy as mnp
 import mha.torch as mt
 
@@ -84,12 +86,6 @@ def test_logits_equal_hugging_face_with_padding_past_every_window(family, implem
     scale = expected[real].abs().max()
     assert scale > 1.0
     assert (got - expected)[real].abs().max() <= 1e-5 * scale
-
-
-def margins(scores):
-    """The gap between the best and second-best logit at every generated step, every sequence."""
-    top2 = torch.stack(scores).topk(2, dim=-1).values  # (steps, B, 2)
-    return top2[..., 0] - top2[..., 1]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

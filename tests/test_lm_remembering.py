@@ -20,6 +20,8 @@ import pytest
 import torch
 import transformers
 
+from greedy import greedy_without_cache, margins
+
 import mha.numpy as mnp
 import mha.torch as mt
 
@@ -127,26 +129,6 @@ def test_the_numpy_twin_computes_the_same_logits(name):
     got = mnp.transformer_lm(tokens.numpy(), **ours.numpy_params(), attention_mask=mask.numpy())
     real = mask.bool().numpy()
     np.testing.assert_allclose(got[real], expected.numpy()[real], rtol=1e-10, atol=1e-10)
-
-
-def margins(scores):
-    top2 = torch.stack(scores).topk(2, dim=-1).values  # (steps, B, 2)
-    return top2[..., 0] - top2[..., 1]
-
-
-def greedy_without_cache(ours, tokens, mask, n_new, eos_token_id=2, pad_token_id=0):
-    """Greedy decoding that runs the whole sequence at every step (no cache), positions from the mask, a finished
-    sequence continued with padding: what generate(use_cache=False) does."""
-    done = torch.zeros(len(tokens), dtype=torch.bool)
-    for _ in range(n_new):
-        with torch.no_grad():
-            logits = ours(tokens, mask, position_ids=mt.positions_from_mask(mask))[:, -1]  # (B, V)
-        new = logits.argmax(-1, keepdim=True).masked_fill(done[:, None], pad_token_id)  # (B, 1)
-        tokens, mask = torch.cat([tokens, new], -1), torch.cat([mask, torch.ones_like(new)], -1)
-        done = done | (new[:, 0] == eos_token_id)
-        if bool(done.all()):
-            break
-    return tokens
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -20,7 +20,7 @@ import pytest
 import torch
 import transformers
 
-from greedy import greedy_without_cache, margins
+from greedy import assert_greedy_matches_generate
 
 import mha.numpy as mnp
 import mha.torch as mt
@@ -136,23 +136,7 @@ def test_greedy_tokens_equal_generates_with_and_without_the_cache(name):
     """8 new tokens past every window, left padding, on prompts whose top-1 margins exceed 1e-3."""
     model = hf_model(name)
     ours = mt.from_transformers(model)
-    compared = 0
-    for seed in range(8):
-        if compared == 2:
-            break
-        tokens, mask = padded_batch(seed)
-        options = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
-        with torch.no_grad():
-            theirs = model.generate(tokens, output_scores=True, return_dict_in_generate=True, **options)
-        if margins(theirs.scores).min() <= 1e-3:
-            continue
-        assert torch.equal(ours.generate(tokens, 8, attention_mask=mask, eos_token_id=2, pad_token_id=0),
-                           theirs.sequences)
-        with torch.no_grad():
-            uncached = model.generate(tokens, use_cache=False, **options)
-        assert torch.equal(greedy_without_cache(ours, tokens, mask, 8), uncached)
-        compared += 1
-    assert compared == 2
+    assert_greedy_matches_generate(model, ours, (padded_batch(seed) for seed in range(8)))
 
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if not n.startswith("qwen3_moe, a")])
